@@ -1,0 +1,36 @@
+"""aiovec: an asyncio-based concurrent vector environment for reinforcement learning.
+
+Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
+:class:`AsyncioVectorEnv` steps all of them together on one event loop, and
+:class:`BlockingVectorEnv` is the same thing as a synchronous
+``gymnasium.vector.VectorEnv``.
+"""
+
+from __future__ import annotations
+
+from aiovec._blocking import BlockingVectorEnv
+from aiovec._env import AsyncEnv
+from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
+from aiovec._make import make
+from aiovec._vector import AsyncioVectorEnv
+
+__version__ = "0.1.0.dev0"
+
+__all__ = (
+    "AsyncEnv",
+    "AsyncioVectorEnv",
+    "BlockingVectorEnv",
+    "ClosedError",
+    "EnvError",
+    "EnvTimeoutError",
+    "StateError",
+    "WorkerDiedError",
+    "__version__",
+    "make",
+)
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or callable(_obj):
+        _obj.__module__ = "aiovec"
+del _name, _obj

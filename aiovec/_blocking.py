@@ -1,0 +1,154 @@
+"""``BlockingVectorEnv``: :class:`AsyncioVectorEnv` as a synchronous gymnasium vector env.
+
+Every method is one line: it runs the same call of one ``AsyncioVectorEnv``
+through one :class:`~aiovec._runner.Runner`.  No rule lives here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+from gymnasium.core import RenderFrame
+from gymnasium.vector import AutoresetMode
+
+from aiovec._core.batching import StepBatch
+from aiovec._core.lifecycle import State
+from aiovec._runner import Runner
+from aiovec._vector import AsyncioVectorEnv
+
+__all__ = ("BlockingVectorEnv",)
+
+
+class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
+    """A ``gymnasium.vector.VectorEnv`` whose calls run an :class:`AsyncioVectorEnv`.
+
+    Takes exactly the arguments of :class:`AsyncioVectorEnv` and follows the
+    same rules; it is a drop-in replacement for
+    ``gymnasium.vector.SyncVectorEnv`` in synchronous scripts, and works
+    inside a running event loop too (Jupyter), where it runs its envs on a
+    helper thread.
+
+    Example:
+        >>> envs = BlockingVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 4)
+        >>> obs, infos = envs.reset(seed=42)
+        >>> obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
+        >>> envs.close()
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        *,
+        backend: str = "inline",
+        num_workers: int | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        step_timeout: float | None = None,
+        on_error: str = "raise",
+        copy: bool = True,
+    ) -> None:
+        self._runner = Runner()
+        try:
+            self.vector_env: AsyncioVectorEnv[Any, Any] = AsyncioVectorEnv(
+                env_fns,
+                backend=backend,
+                num_workers=num_workers,
+                autoreset_mode=autoreset_mode,
+                step_timeout=step_timeout,
+                on_error=on_error,
+                copy=copy,
+            )
+        except BaseException:
+            self._runner.close()
+            raise
+        venv = self.vector_env
+        self.num_envs = venv.num_envs
+        self.single_observation_space = venv.single_observation_space
+        self.single_action_space = venv.single_action_space
+        self.observation_space = venv.observation_space
+        self.action_space = venv.action_space
+        self.metadata = venv.metadata
+        self.render_mode = venv.render_mode
+        self.autoreset_mode = venv.autoreset_mode
+        self.copy = copy
+
+    @property
+    def envs(self) -> tuple[Any, ...]:
+        """The env objects (inline and thread backends only)."""
+        return self.vector_env.envs
+
+    @property
+    def state(self) -> State:
+        """The lifecycle state of the underlying vector env."""
+        return self.vector_env.state
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the envs; see :meth:`AsyncioVectorEnv.reset`."""
+        return self._runner.run(self.vector_env.reset(seed=seed, options=options))
+
+    def step(self, actions: Any) -> StepBatch:
+        """Step the envs; see :meth:`AsyncioVectorEnv.step`."""
+        return self._runner.run(self.vector_env.step(actions))
+
+    def render(self) -> tuple[RenderFrame | None, ...]:  # type: ignore[override]
+        """Each env's frame; see :meth:`AsyncioVectorEnv.render`."""
+        return self._runner.run(self.vector_env.render())
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call a method on every env; see :meth:`AsyncioVectorEnv.call`."""
+        return self._runner.run(self.vector_env.call(name, *args, **kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Read an attribute of every env; see :meth:`AsyncioVectorEnv.get_attr`."""
+        return self._runner.run(self.vector_env.get_attr(name))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set an attribute on every env; see :meth:`AsyncioVectorEnv.set_attr`."""
+        self._runner.run(self.vector_env.set_attr(name, values))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close the envs, then the runner's loop; called once by ``close()``."""
+        try:
+            self._runner.run(self.vector_env.close())
+        finally:
+            self._runner.close()
+
+    @property
+    def np_random_seed(self) -> Any:
+        """The envs' seeds, as ``SyncVectorEnv`` reports them."""
+        return self.get_attr("np_random_seed")
+
+    @property  # type: ignore[misc]  # read-only, as in SyncVectorEnv
+    def np_random(self) -> Any:
+        """The envs' generators, as ``SyncVectorEnv`` reports them."""
+        return self.get_attr("np_random")
+
+    def __enter__(self) -> BlockingVectorEnv:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        venv = getattr(self, "vector_env", None)
+        return f"BlockingVectorEnv({venv!r})"
+
+    def __del__(self) -> None:
+        if getattr(self, "vector_env", None) is not None and not self.closed:
+            warnings.warn(
+                f"{self!r} was never closed; call `envs.close()`",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
+            # Release the loop and the envs anyway: a forgotten close must not leak.
+            with contextlib.suppress(Exception):  # best effort at garbage collection
+                self.close()

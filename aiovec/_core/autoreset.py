@@ -1,0 +1,63 @@
+"""Which envs an autoreset concerns, across vector steps (per-vector-env state).
+
+The per-env part of the rule (what one env does within a step) is
+:func:`aiovec._core.calls.step_flow`; this module keeps what must be
+remembered between steps: which envs ended on their last step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from aiovec._errors import StateError
+
+__all__ = ("AutoresetState",)
+
+
+class AutoresetState:
+    """Tracks, per env, whether it ended on its last step and was not reset since."""
+
+    __slots__ = ("ended", "mode")
+
+    def __init__(self, mode: AutoresetMode, num_envs: int) -> None:
+        self.mode = mode
+        self.ended = np.zeros(num_envs, dtype=np.bool_)
+
+    def plan(self, indices: Sequence[int] | None = None) -> list[bool]:
+        """``reset_first`` for each env about to step (all envs when ``indices`` is None).
+
+        Raises:
+            StateError: In ``DISABLED`` mode, when an env that ended would be
+                stepped without having been reset.
+        """
+        ended = self.ended if indices is None else self.ended[list(indices)]
+        if self.mode is AutoresetMode.NEXT_STEP:
+            return ended.tolist()  # type: ignore[no-any-return]
+        if self.mode is AutoresetMode.DISABLED and ended.any():
+            envs = (
+                np.flatnonzero(self.ended) if indices is None else np.asarray(indices)[ended]
+            ).tolist()
+            raise StateError(
+                f"env(s) {envs} ended on their last step and autoreset_mode is DISABLED: "
+                "reset them first with reset(options={'reset_mask': mask})"
+            )
+        return [False] * len(ended)
+
+    def stepped(self, indices: Sequence[int] | None, ended: np.ndarray) -> None:
+        """Record the envs' episode ends after a step (``SAME_STEP`` already reset them)."""
+        if self.mode is AutoresetMode.SAME_STEP:
+            return
+        if indices is None:
+            self.ended = ended
+        else:
+            self.ended[list(indices)] = ended
+
+    def was_reset(self, mask: np.ndarray | None) -> None:
+        """Record a reset of the masked envs (all when ``mask`` is None)."""
+        if mask is None:
+            self.ended = np.zeros_like(self.ended)
+        else:
+            self.ended[mask] = False

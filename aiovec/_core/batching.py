@@ -1,0 +1,131 @@
+"""Batching: per-env results in, gymnasium's batched form out.
+
+Observations are concatenated with ``gymnasium.vector.utils.concatenate``,
+actions split with ``iterate`` and infos merged with gymnasium's own
+``VectorEnv._add_info``, so the batched form is gymnasium's by construction.
+"""
+
+from __future__ import annotations
+
+import copy as copy_module
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from aiovec._core.calls import Transition
+from aiovec._core.validate import check_actions
+
+__all__ = ("Batcher", "StepBatch", "copy_batch")
+
+StepBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+class _InfoMerger:
+    """Holds ``num_envs`` so that gymnasium's ``_add_info`` can run on it unchanged."""
+
+    __slots__ = ("num_envs",)
+    _add_info = VectorEnv._add_info
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+
+
+def copy_batch(value: Any) -> Any:
+    """A copy of a batched observation that shares no memory with ``value``."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: copy_batch(v) for k, v in value.items()}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(copy_batch(v) for v in value)
+    return copy_module.deepcopy(value)
+
+
+class Batcher:
+    """Turns per-env results into batched results for one vector env.
+
+    Args:
+        observation_space: The single observation space.
+        action_space: The single action space.
+        num_envs: How many envs.
+        copy: Return observations that later calls never modify (else views of
+            a reused buffer).
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
+        num_envs: int,
+        copy: bool,
+    ) -> None:
+        self.single_observation_space = observation_space
+        self.single_action_space = action_space
+        self.observation_space = batch_space(observation_space, num_envs)
+        self.action_space = batch_space(action_space, num_envs)
+        self.num_envs = num_envs
+        self.copy = copy
+        self._buffer: Any = create_empty_array(observation_space, n=num_envs, fn=np.zeros)
+        self._env_obs: list[Any] = [None] * num_envs
+        # gymnasium's own info merge, bound once (its ``self`` only needs num_envs)
+        self._merge: Callable[[dict[str, Any], dict[str, Any], int], dict[str, Any]] = cast(
+            Any, _InfoMerger(num_envs)
+        )._add_info
+
+    # -- actions ---------------------------------------------------------------
+
+    def split_actions(self, actions: Any) -> list[Any]:
+        """Check a batch of actions and split it into one action per env."""
+        check_actions(self.single_action_space, actions, self.num_envs, "actions")
+        return list(iterate(self.action_space, actions))
+
+    # -- results ---------------------------------------------------------------
+
+    def reset_batch(
+        self, indices: Sequence[int], results: Mapping[int, tuple[Any, dict[str, Any]]]
+    ) -> tuple[Any, dict[str, Any]]:
+        """Batch the ``(obs, info)`` of the envs in ``indices`` (others keep their last obs)."""
+        env_obs = self._env_obs
+        merge = self._merge
+        infos: dict[str, Any] = {}
+        for i in indices:
+            obs, info = results[i]
+            env_obs[i] = obs
+            infos = merge(infos, info, i)
+        return self._observations(), infos
+
+    def step_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
+        """Batch the transitions of every env (``indices`` is ``range(num_envs)``)."""
+        n = len(indices)
+        env_obs = self._env_obs
+        rewards: list[Any] = [0.0] * n
+        terminations: list[Any] = [False] * n
+        truncations: list[Any] = [False] * n
+        merge = self._merge
+        infos: dict[str, Any] = {}
+        for k, i in enumerate(indices):
+            obs, rewards[k], terminations[k], truncations[k], info, final = results[i]
+            env_obs[i] = obs
+            if final is not None:
+                infos = merge(infos, final, i)
+            if info:
+                infos = merge(infos, info, i)
+        return (
+            self._observations(),
+            np.array(rewards, dtype=np.float64),
+            np.array(terminations, dtype=np.bool_),
+            np.array(truncations, dtype=np.bool_),
+            infos,
+        )
+
+    def _observations(self) -> Any:
+        self._buffer = concatenate(self.single_observation_space, self._env_obs, self._buffer)
+        return copy_batch(self._buffer) if self.copy else self._buffer
+
+    def gather(self, indices: Sequence[int], results: Mapping[int, Any]) -> tuple[Any, ...]:
+        """Per-env results of a broadcast call, as a tuple ordered by env index."""
+        return tuple(results[i] for i in indices)

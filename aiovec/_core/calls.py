@@ -1,0 +1,147 @@
+"""What a vector env asks one env to do, and the per-env flows that sequence it.
+
+A *call* is one method invocation on one env (``Reset``, ``STEP``, ...).  A
+*flow* is a generator that yields calls and receives their results, giving
+the env's part of a vector step; any driver can push it (inline with
+``await``, a worker process in a loop, a thread).  Autoreset lives in
+:func:`step_flow`, once, for every backend.  Every other vector call is a
+single call per env and needs no flow.
+
+``STEP`` carries no action: the driver steps the env with the one action it was
+given for that env in this vector call.  This keeps the hot path free of
+per-env allocations (a frozen dataclass costs ~0.25 us to build).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from gymnasium.vector import AutoresetMode
+
+__all__ = (
+    "AUTORESET",
+    "CLOSE",
+    "RENDER",
+    "STEP",
+    "Call",
+    "CallMethod",
+    "Close",
+    "EnvCall",
+    "GetAttr",
+    "Render",
+    "Reset",
+    "SetAttr",
+    "Step",
+    "Transition",
+    "new_step_flow",
+    "step_flow",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """``env.reset(seed=seed, options=options)``."""
+
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """``env.step(action)`` with the action the driver holds for this env."""
+
+
+@dataclass(frozen=True, slots=True)
+class Render:
+    """``env.render()``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """``env.close()``."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetAttr:
+    """Read attribute ``name`` (through gymnasium wrappers where there are any)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallMethod:
+    """Call method ``name(*args, **kwargs)``, or read it if it is not callable."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetAttr:
+    """Set attribute ``name`` to ``value`` (through gymnasium wrappers)."""
+
+    name: str
+    value: Any
+
+
+EnvCall = Reset | Step | Render | Close | GetAttr | CallMethod | SetAttr
+Call = EnvCall  # short alias used in annotations
+
+STEP = Step()
+RENDER = Render()
+CLOSE = Close()
+AUTORESET = Reset()
+"""The reset an autoreset performs: no seed (the env's generator continues), no options."""
+
+Transition = tuple[Any, Any, Any, Any, dict[str, Any], dict[str, Any] | None]
+"""One env's part of a step: ``(obs, reward, terminated, truncated, info, final)``.
+
+``final`` is ``{"final_obs": ..., "final_info": ...}`` when the env was reset
+inside this step (``SAME_STEP``), else ``None``.
+"""
+
+
+def step_flow(mode: AutoresetMode) -> Generator[EnvCall | Transition | None, Any, None]:
+    """One env's steps, for the env's whole life, under gymnasium 1.x autoreset rules.
+
+    Protocol (one flow per env, made once; ``next(flow)`` primes it):
+    ``flow.send(reset_first)`` starts a step and yields the first call; send
+    each call's result back; a ``tuple`` coming out is the env's transition,
+    and the flow is ready for the next step.  If a call raises, discard the
+    flow and make a new one (it still expects that call's result).
+
+    ``reset_first`` is True when the env ended on its previous step and the
+    mode is ``NEXT_STEP``: this step resets it instead of stepping it (the
+    action is ignored; reward 0, both flags False).  Under ``SAME_STEP`` an
+    env that ends is reset within the step, and its last observation and
+    info travel in ``final``.
+
+    A flow lives across steps (rather than one generator per step) because
+    creating and finishing a generator costs ~0.6 us per env-step, more than
+    stepping a cheap env.
+    """
+    same_step = mode is AutoresetMode.SAME_STEP
+    transition: Transition | None = None
+    while True:
+        reset_first = yield transition
+        if reset_first:
+            obs, info = yield AUTORESET
+            transition = (obs, 0.0, False, False, info, None)
+            continue
+        obs, reward, terminated, truncated, info = yield STEP
+        if same_step and (terminated or truncated):
+            final = {"final_obs": obs, "final_info": info}
+            obs, info = yield AUTORESET
+            transition = (obs, reward, terminated, truncated, info, final)
+        else:
+            transition = (obs, reward, terminated, truncated, info, None)
+
+
+def new_step_flow(mode: AutoresetMode) -> Generator[EnvCall | Transition | None, Any, None]:
+    """A primed :func:`step_flow`, ready for ``send(reset_first)``."""
+    flow = step_flow(mode)
+    next(flow)
+    return flow

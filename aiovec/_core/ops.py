@@ -1,0 +1,53 @@
+"""Operations: one vector call, as a value a backend can run (and pickle).
+
+An op covers the envs of one vector call, in the order of the ``indices`` it is
+launched with: entry ``k`` of its lists belongs to the ``k``-th of them.  A
+process or Ray backend slices an op per worker with ``subset``.
+
+A ``StepOp`` is run through each env's :func:`~aiovec._core.calls.step_flow`;
+a ``CallOp`` is one call per env.  Ops are immutable named tuples: one is
+built per vector call, and a frozen dataclass costs three times as much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from gymnasium.vector import AutoresetMode
+
+from aiovec._core.calls import EnvCall
+
+__all__ = ("CallOp", "Op", "StepOp")
+
+
+class StepOp(NamedTuple):
+    """Step envs: ``actions[k]`` and ``reset_first[k]`` belong to the k-th env."""
+
+    mode: AutoresetMode
+    actions: Sequence[Any]
+    reset_first: Sequence[bool]
+    name: str = "step"
+
+    def subset(self, positions: Sequence[int]) -> StepOp:
+        """The same op restricted to some of its envs (by position)."""
+        return StepOp(
+            self.mode,
+            [self.actions[k] for k in positions],
+            [self.reset_first[k] for k in positions],
+            self.name,
+        )
+
+
+class CallOp(NamedTuple):
+    """One call per env: ``calls[k]`` is made on the k-th env."""
+
+    calls: Sequence[EnvCall]
+    name: str
+
+    def subset(self, positions: Sequence[int]) -> CallOp:
+        """The same op restricted to some of its envs (by position)."""
+        return CallOp([self.calls[k] for k in positions], self.name)
+
+
+Op = StepOp | CallOp

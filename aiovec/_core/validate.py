@@ -1,0 +1,281 @@
+"""Argument checks: every bad input is refused here, before any env is touched.
+
+Each function takes what the user gave and returns the normalised value, or
+raises ``TypeError``/``ValueError`` naming the argument, what was expected and
+what came.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+__all__ = (
+    "BACKENDS",
+    "ON_ERROR",
+    "check_actions",
+    "check_autoreset_mode",
+    "check_choice",
+    "check_env_fns",
+    "check_num_workers",
+    "check_options",
+    "check_seeds",
+    "check_spaces",
+    "check_timeout",
+    "check_values",
+    "describe",
+)
+
+BACKENDS = ("inline", "thread", "process", "ray")
+ON_ERROR = ("raise", "restart")
+
+
+def describe(value: object) -> str:
+    """A short description of a value for error messages."""
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _looks_like_env(value: object) -> bool:
+    """An env object (not an env class, which is a fine factory)."""
+    return not isinstance(value, type) and hasattr(value, "step") and hasattr(value, "reset")
+
+
+def check_env_fns(env_fns: object) -> list[Callable[[], Any]]:
+    """``env_fns``: a non-empty sequence of zero-argument callables that build envs."""
+    if _looks_like_env(env_fns):
+        raise TypeError(
+            f"env_fns must be a sequence of zero-argument callables that build envs, got an env "
+            f"({type(env_fns).__name__}) itself; pass factories instead, e.g. "
+            f"`[make_env] * n` or `[lambda: MyEnv() for _ in range(n)]`"
+        )
+    if callable(env_fns) or not isinstance(env_fns, Sequence) or isinstance(env_fns, str | bytes):
+        raise TypeError(
+            f"env_fns must be a sequence (list or tuple) of zero-argument callables, got "
+            f"{describe(env_fns)}; wrap a single factory in a list: `[make_env] * n`"
+        )
+    if len(env_fns) == 0:
+        raise ValueError("env_fns must hold at least one env factory, got an empty sequence")
+    for i, fn in enumerate(env_fns):
+        if _looks_like_env(fn):
+            raise TypeError(
+                f"env_fns[{i}] is an env ({type(fn).__name__}), not a factory; pass "
+                f"`lambda: {type(fn).__name__}(...)` so that each vector env builds its own"
+            )
+        if not callable(fn):
+            raise TypeError(f"env_fns[{i}] must be a zero-argument callable, got {describe(fn)}")
+    return list(env_fns)
+
+
+def check_autoreset_mode(mode: object) -> AutoresetMode:
+    """``autoreset_mode``: an ``AutoresetMode`` or its string value."""
+    if isinstance(mode, AutoresetMode):
+        return mode
+    try:
+        return AutoresetMode(mode)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in AutoresetMode)
+        raise ValueError(
+            f"autoreset_mode must be a gymnasium AutoresetMode or one of {allowed}, "
+            f"got {describe(mode)}"
+        ) from None
+
+
+def check_choice(name: str, value: object, allowed: Sequence[str]) -> str:
+    """A string option out of ``allowed``."""
+    if not isinstance(value, str) or value not in allowed:
+        options = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{name} must be one of {options}, got {describe(value)}")
+    return value
+
+
+def check_timeout(name: str, value: object) -> float | None:
+    """A positive number of seconds, or ``None`` for no limit."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a positive number of seconds or None, got {describe(value)}"
+        )
+    seconds = float(value)
+    if not seconds > 0 or math.isinf(seconds) or math.isnan(seconds):
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    return seconds
+
+
+def check_num_workers(value: object, num_envs: int) -> int | None:
+    """``num_workers``: ``None`` or a positive int."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"num_workers must be a positive int or None, got {describe(value)}")
+    if int(value) < 1:
+        raise ValueError(f"num_workers must be at least 1, got {value!r}")
+    return min(int(value), num_envs)
+
+
+def _check_seed(name: str, seed: object) -> int | None:
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 0 or None, got {describe(seed)}")
+    if int(seed) < 0:
+        raise ValueError(f"{name} must be an int >= 0 or None, got {seed!r}")
+    return int(seed)
+
+
+def check_seeds(seed: object, num_envs: int) -> list[int | None]:
+    """``seed``: ``None``, an int (env i gets ``seed + i``) or one seed per env."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        base = _check_seed("seed", seed)
+        assert base is not None
+        return [base + i for i in range(num_envs)]
+    if isinstance(seed, Sequence | np.ndarray) and not isinstance(seed, str | bytes):
+        if len(seed) != num_envs:
+            raise ValueError(
+                f"seed must be an int, None, or a list of num_envs={num_envs} seeds, "
+                f"got a list of length {len(seed)}"
+            )
+        return [_check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
+    raise TypeError(f"seed must be an int, None, or a list of seeds, got {describe(seed)}")
+
+
+def check_options(
+    options: object, num_envs: int
+) -> tuple[dict[str, Any] | None, np.ndarray | None]:
+    """``options``: ``None`` or a dict; ``reset_mask`` is taken out and checked.
+
+    Returns:
+        The options to pass to each env (the caller's dict is never modified)
+        and the reset mask, or ``None`` when every env is reset.
+    """
+    if options is None:
+        return None, None
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options must be a dict or None, got {describe(options)}")
+    if "reset_mask" not in options:
+        return dict(options), None
+    mask = options["reset_mask"]
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(
+            f"options['reset_mask'] must be a numpy array of bools, got {describe(mask)}"
+        )
+    if mask.shape != (num_envs,):
+        raise ValueError(
+            f"options['reset_mask'] must have shape ({num_envs},), got shape {mask.shape}"
+        )
+    if mask.dtype != np.bool_:
+        raise TypeError(f"options['reset_mask'] must have dtype bool, got dtype {mask.dtype}")
+    if not mask.any():
+        raise ValueError("options['reset_mask'] must select at least one env, got all False")
+    rest = {k: v for k, v in options.items() if k != "reset_mask"}
+    return rest, mask.copy()
+
+
+def check_values(values: object, num_envs: int) -> list[Any]:
+    """``set_attr`` values: one per env as a list/tuple, or one value for all."""
+    if not isinstance(values, list | tuple):
+        return [values] * num_envs
+    if len(values) != num_envs:
+        raise ValueError(
+            f"values must be a list or tuple of num_envs={num_envs} values (or a single value), "
+            f"got length {len(values)}"
+        )
+    return list(values)
+
+
+_INT_KINDS = "iu"
+_KINDS: dict[type[spaces.Space[Any]], tuple[str, str]] = {
+    spaces.Box: ("biuf", "numbers"),
+    spaces.Discrete: (_INT_KINDS, "integers"),
+    spaces.MultiDiscrete: (_INT_KINDS, "integers"),
+    spaces.MultiBinary: ("biu", "integers or bools"),
+}
+
+
+def check_actions(space: spaces.Space[Any], actions: object, num_envs: int, path: str) -> None:
+    """Check a batch of actions against the *single* action space.
+
+    Shapes and dtypes are checked for the fundamental spaces (recursively
+    through Dict and Tuple); other spaces only need one action per env.
+    Values are not checked against bounds, as gymnasium does not.
+    """
+    if isinstance(space, spaces.Dict):
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"{path} must be a dict of batched actions, got {describe(actions)}")
+        if set(actions) != set(space.spaces):
+            raise ValueError(
+                f"{path} must have keys {sorted(space.spaces)}, got keys {sorted(actions)}"
+            )
+        for key, sub in space.spaces.items():
+            check_actions(sub, actions[key], num_envs, f"{path}[{key!r}]")
+        return
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(actions, tuple | list) or len(actions) != len(space.spaces):
+            raise TypeError(
+                f"{path} must be a tuple of {len(space.spaces)} batched actions, "
+                f"got {describe(actions)}"
+            )
+        for k, sub in enumerate(space.spaces):
+            check_actions(sub, actions[k], num_envs, f"{path}[{k}]")
+        return
+    kinds = _KINDS.get(type(space))
+    if kinds is None:
+        _check_length(actions, num_envs, path)
+        return
+    array = np.asarray(actions)
+    expected = (num_envs, *(space.shape or ()))
+    if array.shape != expected:
+        got = array.shape if array.ndim else "a scalar"
+        hint = ""
+        if array.ndim and array.shape[0] != num_envs:
+            hint = f" (one action per env: num_envs={num_envs})"
+        raise ValueError(f"{path} must have shape {expected}{hint}, got {got}")
+    allowed, words = kinds
+    if array.dtype.kind not in allowed:
+        raise TypeError(
+            f"{path} for a {type(space).__name__} action space must hold {words}, "
+            f"got dtype {array.dtype}"
+        )
+
+
+def _check_length(actions: object, num_envs: int, path: str) -> None:
+    try:
+        length = len(actions)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{path} must hold one action per env (num_envs={num_envs}), got {describe(actions)}"
+        ) from None
+    if length != num_envs:
+        raise ValueError(f"{path} must hold num_envs={num_envs} actions, got {length}")
+
+
+def check_spaces(
+    observation_spaces: Sequence[spaces.Space[Any]], action_spaces: Sequence[spaces.Space[Any]]
+) -> None:
+    """All envs must share env 0's single spaces; the lowest mismatching env is named."""
+    for i, pair in enumerate(zip(observation_spaces, action_spaces, strict=True)):
+        for kind, space, first in zip(
+            ("observation_space", "action_space"),
+            pair,
+            (observation_spaces[0], action_spaces[0]),
+            strict=True,
+        ):
+            if not isinstance(space, spaces.Space):
+                raise TypeError(
+                    f"env {i}'s {kind} must be a gymnasium Space, got {describe(space)}"
+                )
+            if i and space != first:
+                raise ValueError(
+                    f"all envs must share one {kind}: env {i} has {space} but env 0 has {first}"
+                )

@@ -1,0 +1,80 @@
+"""The exceptions aiovec raises.
+
+The tree::
+
+    Exception
+     +-- EnvError                   an env failed; names it (.env_index, .errors)
+     |    +-- EnvTimeoutError       an env did not answer within step_timeout
+     |    +-- WorkerDiedError       the process or actor hosting some envs died
+     +-- ValueError
+          +-- StateError            the call is not allowed in the vector env's state
+               +-- ClosedError      any call after close() (also a gymnasium
+                                    ClosedEnvironmentError)
+
+Bad arguments raise the built-in ``ValueError`` / ``TypeError`` with a message
+naming the argument, what was expected and what came.  All exceptions here
+pickle, so they cross process boundaries unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium.error
+
+__all__ = ("ClosedError", "EnvError", "EnvTimeoutError", "StateError", "WorkerDiedError")
+
+
+class EnvError(Exception):
+    """One or more envs failed during a vector call.
+
+    Attributes:
+        env_index: The lowest index among the envs that failed.
+        errors: Every env that failed in that call, index -> the exception it raised.
+        operation: What failed, e.g. ``"step()"``, ``"reset()"``, ``"env_fns[3]()"``.
+
+    The exception of ``env_index`` is also attached as ``__cause__``.
+    """
+
+    def __init__(self, errors: Mapping[int, BaseException], operation: str = "step()") -> None:
+        if not errors:
+            raise ValueError("EnvError needs at least one failing env, got an empty mapping")
+        self.errors: dict[int, BaseException] = dict(sorted(errors.items()))
+        self.env_index: int = next(iter(self.errors))
+        self.operation = operation
+        super().__init__(self._describe())
+        self.__cause__ = self.errors[self.env_index]
+
+    def _describe(self) -> str:
+        first = self.errors[self.env_index]
+        text = f"env {self.env_index} failed in {self.operation}: {first!r}"
+        others = [i for i in self.errors if i != self.env_index]
+        if others:
+            shown = ", ".join(map(str, others[:10])) + (", ..." if len(others) > 10 else "")
+            text += f" (and {len(others)} other env(s): {shown}; see .errors)"
+        return text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.errors, self.operation))
+
+
+class EnvTimeoutError(EnvError, TimeoutError):
+    """An env did not answer within ``step_timeout`` seconds."""
+
+
+class WorkerDiedError(EnvError):
+    """The worker (process or actor) that hosted the failing envs died."""
+
+
+class StateError(ValueError):
+    """The call is not allowed in the vector env's current state.
+
+    For example ``step()`` before the first ``reset()``, a second ``step()``
+    while one is in flight, or ``step()`` after a step failed half-way.  The
+    message says which calls are allowed now.
+    """
+
+
+class ClosedError(StateError, gymnasium.error.ClosedEnvironmentError):
+    """The vector env is closed; only ``close()`` (a no-op) is allowed."""

@@ -1,0 +1,326 @@
+"""``AsyncioVectorEnv``: the one implementation of a vector env's calls.
+
+Each public coroutine does the same four things: check the lifecycle table,
+validate its arguments (nothing touched yet), ask the core for the op to run
+and hand it to the backend, then ask the core to batch what came back.  The
+blocking front end forwards here; no rule is written anywhere else.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.core import RenderFrame
+from gymnasium.vector import AutoresetMode
+
+from aiovec._core import validate
+from aiovec._core.autoreset import AutoresetState
+from aiovec._core.batching import Batcher, StepBatch
+from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, Reset, SetAttr
+from aiovec._core.lifecycle import Lifecycle, Op, State
+from aiovec._core.ops import CallOp, StepOp
+from aiovec._core.ops import Op as BackendOp
+from aiovec._errors import ClosedError, EnvError
+from aiovec.backends import Backend, load_backend
+from aiovec.backends._base import close_quietly
+
+__all__ = ("AsyncioVectorEnv",)
+
+ObsType = TypeVar("ObsType")
+ActType = TypeVar("ActType")
+
+
+class AsyncioVectorEnv(Generic[ObsType, ActType]):
+    """Step many envs together on one event loop.
+
+    Args:
+        env_fns: Non-empty sequence of zero-argument callables, each returning
+            an env: an :class:`aiovec.AsyncEnv` (or any object with coroutine
+            ``reset``/``step`` and the two spaces) or a ``gymnasium.Env``.
+        backend: Where envs live: ``"inline"`` (this event loop).
+        num_workers: For process/ray backends: how many workers host the envs.
+        autoreset_mode: gymnasium's ``AutoresetMode`` (or its string value).
+        step_timeout: Seconds an env may take to answer; ``None`` waits forever.
+        on_error: ``"raise"``: a failing env raises :class:`aiovec.EnvError`.
+        copy: ``False`` lets returned observation arrays be a buffer that the
+            next call overwrites (saves a copy per call).
+
+    Raises:
+        TypeError: An argument has the wrong type (the message names it).
+        ValueError: An argument has a wrong value, or the envs' spaces differ.
+        aiovec.EnvError: An env factory raised.
+
+    Example:
+        >>> async with AsyncioVectorEnv([make_env] * 8) as venv:  # doctest: +SKIP
+        ...     obs, infos = await venv.reset(seed=42)
+        ...     obs, rewards, terminations, truncations, infos = await venv.step(actions)
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        *,
+        backend: str = "inline",
+        num_workers: int | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        step_timeout: float | None = None,
+        on_error: str = "raise",
+        copy: bool = True,
+    ) -> None:
+        self._life = Lifecycle()
+        self._backend: Backend | None = None
+        fns = validate.check_env_fns(env_fns)
+        mode = validate.check_autoreset_mode(autoreset_mode)
+        backend_name = validate.check_choice("backend", backend, validate.BACKENDS)
+        workers = validate.check_num_workers(num_workers, len(fns))
+        self.step_timeout = validate.check_timeout("step_timeout", step_timeout)
+        self.on_error = validate.check_choice("on_error", on_error, validate.ON_ERROR)
+        if self.on_error == "restart":
+            raise NotImplementedError(
+                "on_error='restart' is not part of this release yet; use on_error='raise'"
+            )
+        if not isinstance(copy, bool):
+            raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
+        backend_cls = load_backend(backend_name)
+
+        self._backend = backend_cls(fns, workers)
+        traits = self._backend.traits
+        try:
+            validate.check_spaces(traits.observation_spaces, traits.action_spaces)
+        except (TypeError, ValueError):
+            self._close_now()
+            raise
+        self.num_envs = len(fns)
+        self.backend = backend_name
+        self.copy = copy
+        self.autoreset_mode = mode
+        self.metadata: dict[str, Any] = {**traits.metadata, "autoreset_mode": mode}
+        self.render_mode: str | None = traits.render_mode
+        self._batcher = Batcher(
+            traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, copy
+        )
+        self._autoreset = AutoresetState(mode, self.num_envs)
+        self._all = range(self.num_envs)
+
+    # -- properties --------------------------------------------------------------
+
+    @property
+    def single_observation_space(self) -> spaces.Space[ObsType]:
+        """The observation space of one env."""
+        return self._batcher.single_observation_space
+
+    @property
+    def single_action_space(self) -> spaces.Space[ActType]:
+        """The action space of one env."""
+        return self._batcher.single_action_space
+
+    @property
+    def observation_space(self) -> spaces.Space[Any]:
+        """The batched observation space (``num_envs`` along the first axis)."""
+        return self._batcher.observation_space
+
+    @property
+    def action_space(self) -> spaces.Space[Any]:
+        """The batched action space."""
+        return self._batcher.action_space
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._life.state is State.CLOSED
+
+    @property
+    def state(self) -> State:
+        """The lifecycle state (``READY``, ``BUSY``, ``BROKEN``, ...)."""
+        return self._life.state
+
+    @property
+    def envs(self) -> tuple[Any, ...]:
+        """The env objects (inline and thread backends only)."""
+        envs = self._backend.envs if self._backend is not None else None
+        if envs is None:
+            raise AttributeError(f"envs is not available with backend={self.backend!r}")
+        return envs
+
+    @property
+    def unwrapped(self) -> AsyncioVectorEnv[ObsType, ActType]:
+        """The vector env itself."""
+        return self
+
+    # -- calls ---------------------------------------------------------------------
+
+    async def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[ObsType, dict[str, Any]]:
+        """Reset every env (or those in ``options["reset_mask"]``).
+
+        Args:
+            seed: ``None`` leaves generators alone; an int seeds env i with
+                ``seed + i``; a list gives each env its own seed.
+            options: Passed to every env's reset; ``"reset_mask"`` (a bool
+                array of shape ``(num_envs,)``) resets only the masked envs.
+
+        Returns:
+            Batched observations and infos.
+        """
+        self._life.check(Op.RESET)
+        seeds = validate.check_seeds(seed, self.num_envs)
+        env_options, mask = validate.check_options(options, self.num_envs)
+        if mask is None:
+            indices: Sequence[int] = self._all
+        else:
+            self._life.check(Op.RESET_MASK)
+            indices = np.flatnonzero(mask).tolist()
+        op = CallOp([Reset(seeds[i], env_options) for i in indices], "reset")
+        results = await self._run(indices, op, breaks=True)
+        self._autoreset.was_reset(mask)
+        observations, infos = self._batcher.reset_batch(indices, results)
+        self._life.state = State.READY
+        return observations, infos
+
+    async def step(self, actions: Any) -> StepBatch:
+        """Step every env with its action, under the autoreset mode's rules.
+
+        Args:
+            actions: A batch of actions from ``action_space``.
+
+        Returns:
+            ``(observations, rewards, terminations, truncations, infos)``,
+            ordered by env index.
+        """
+        self._life.check(Op.STEP)
+        per_env = self._batcher.split_actions(actions)
+        reset_first = self._autoreset.plan()
+        op = StepOp(self.autoreset_mode, per_env, reset_first)
+        results = await self._run(self._all, op, breaks=True)
+        batch = self._batcher.step_batch(self._all, results)
+        self._autoreset.stepped(None, batch[2] | batch[3])
+        self._life.state = State.READY
+        return batch
+
+    async def render(self) -> tuple[RenderFrame | None, ...]:
+        """Each env's frame, by env index."""
+        return await self._broadcast(RENDER, "render")
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name`` on every env (awaiting coroutines); attributes are read."""
+        return await self._broadcast(CallMethod(_check_name(name), args, kwargs), "call")
+
+    async def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every env."""
+        return await self._broadcast(GetAttr(_check_name(name)), "get_attr")
+
+    async def set_attr(self, name: str, values: Any) -> None:
+        """Set attribute ``name`` on every env: one value per env, or one for all."""
+        self._life.check(Op.INSPECT)
+        name = _check_name(name)
+        calls = [SetAttr(name, v) for v in validate.check_values(values, self.num_envs)]
+        await self._run(self._all, CallOp(calls, "set_attr"), breaks=False)
+
+    async def close(self) -> None:
+        """Close every env and release everything; calling it again does nothing.
+
+        Raises:
+            aiovec.EnvError: Some env's ``close`` raised (everything else was
+                still released).
+        """
+        if self._life.state is State.CLOSED or self._backend is None:
+            self._life.state = State.CLOSED
+            return
+        self._life.state = State.CLOSED
+        errors = await self._backend.aclose()
+        if errors:
+            raise EnvError(errors, "close()")
+
+    async def __aenter__(self) -> AsyncioVectorEnv[ObsType, ActType]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncioVectorEnv(num_envs={getattr(self, 'num_envs', '?')}, "
+            f"backend={getattr(self, 'backend', '?')!r}, state={self._life.state.name})"
+        )
+
+    def __del__(self) -> None:
+        if getattr(self, "_backend", None) is not None and self._life.state is not State.CLOSED:
+            warnings.warn(
+                f"{self!r} was never closed; call `await venv.close()` or use `async with`",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
+
+    # -- machinery -------------------------------------------------------------------
+
+    async def _broadcast(self, call: EnvCall, name: str) -> tuple[Any, ...]:
+        self._life.check(Op.INSPECT)
+        results = await self._run(self._all, CallOp([call] * self.num_envs, name), breaks=False)
+        return self._batcher.gather(self._all, results)
+
+    async def _run(self, indices: Sequence[int], op: BackendOp, *, breaks: bool) -> dict[int, Any]:
+        """Run ``op`` on ``indices`` and return every env's result, or raise.
+
+        ``breaks``: a failure leaves envs half-updated (step, reset), so the
+        vector env becomes ``BROKEN``; otherwise its state is restored.
+        """
+        backend = self._backend
+        assert backend is not None
+        before = self._life.state
+        self._life.state = State.BUSY
+        try:
+            backend.launch(indices, op)
+            # Every env's call runs to its end, failed or not: the errors
+            # reported never depend on which env happened to finish first.
+            if backend.pending:
+                results, errors = await backend.collect(len(indices))
+            else:
+                results, errors = backend.take()
+        except BaseException as exc:
+            if self._life.state is not State.CLOSED:
+                await backend.drain()
+                self._life.break_(f"{op.name}() was interrupted ({type(exc).__name__})")
+            raise
+        if self._life.state is State.CLOSED:
+            raise ClosedError(f"the vector env was closed while {op.name}() was in flight")
+        if errors:
+            for error in errors.values():
+                if not isinstance(error, Exception):
+                    self._life.break_(f"{op.name}() was interrupted ({type(error).__name__})")
+                    raise error
+            if breaks:
+                self._life.break_(f"{op.name}() failed in env {min(errors)}")
+            else:
+                self._life.state = before
+            raise EnvError(errors, f"{op.name}()")
+        self._life.state = before
+        return results
+
+    def _close_now(self) -> None:
+        """Close during a failed construction (no loop needed)."""
+        backend = self._backend
+        self._life.state = State.CLOSED
+        if backend is not None and backend.envs is not None:
+            close_quietly(backend.envs)
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty attribute name, got {validate.describe(name)}")
+    return name
+

@@ -1,0 +1,174 @@
+"""The backend protocol: what a vector env needs from whatever hosts its envs.
+
+A backend builds the envs from their factories, then runs *ops* (core values
+describing one vector call) on some of them: ``launch`` starts an op and returns
+at once; ``collect`` waits, through the event loop, until enough envs have
+finished and hands over their outcomes (a value or an exception per env).  The
+vector env never knows where the envs live, and the backend never knows a rule.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gymnasium import spaces
+
+from aiovec._core.ops import Op
+from aiovec._errors import EnvError
+
+__all__ = ("Backend", "EnvTraits", "Outcomes")
+
+Outcomes = tuple[dict[int, Any], dict[int, BaseException]]
+
+
+@dataclass(frozen=True, slots=True)
+class EnvTraits:
+    """What the vector env needs to know of its envs once they are built."""
+
+    observation_spaces: Sequence[spaces.Space[Any]]
+    action_spaces: Sequence[spaces.Space[Any]]
+    metadata: dict[str, Any]
+    render_mode: str | None
+
+    @classmethod
+    def of(cls, envs: Sequence[Any]) -> EnvTraits:
+        """Read the traits off built env objects."""
+        return cls(
+            [env.observation_space for env in envs],
+            [env.action_space for env in envs],
+            dict(getattr(envs[0], "metadata", None) or {}),
+            getattr(envs[0], "render_mode", None),
+        )
+
+
+class Backend(abc.ABC):
+    """Hosts envs and runs ops on them; outcomes are collected through the loop.
+
+    Subclasses implement :meth:`launch`, :meth:`cancel` and :meth:`aclose`, and
+    report each env's outcome with :meth:`_finish` (which wakes a waiting
+    :meth:`collect`).
+    """
+
+    traits: EnvTraits
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None) -> None:
+        self.num_envs = len(env_fns)
+        self._results: dict[int, Any] = {}
+        self._errors: dict[int, BaseException] = {}
+        self.pending: set[int] = set()
+        self._waiter: asyncio.Future[None] | None = None
+        self._wanted = 0
+
+    @property
+    def envs(self) -> tuple[Any, ...] | None:
+        """The env objects, where they live in this process (else ``None``)."""
+        return None
+
+    @abc.abstractmethod
+    def launch(self, indices: Sequence[int], op: Op) -> None:
+        """Start ``op`` on the envs ``indices`` (none of which may be in flight)."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None:
+        """Ask every call in flight to stop; each reports an outcome when it has."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> dict[int, BaseException]:
+        """Close every env and release every resource; returns close errors by env."""
+
+    def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
+        self.pending.discard(i)
+        if error is None:
+            self._results[i] = value
+        else:
+            self._errors[i] = error
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and self._satisfied():
+            waiter.set_result(None)
+
+    def _satisfied(self) -> bool:
+        return not self.pending or len(self._results) + len(self._errors) >= self._wanted
+
+    def take(self) -> Outcomes:
+        """The outcomes that arrived since the last take or collect, without waiting."""
+        outcomes = self._results, self._errors
+        self._results, self._errors = {}, {}
+        return outcomes
+
+    async def collect(
+        self,
+        min_done: int,
+        timeout: float | None = None,  # noqa: ASYNC109  (returns what finished by then)
+    ) -> Outcomes:
+        """Wait until ``min_done`` envs finished (or all in flight, or ``timeout``).
+
+        Args:
+            min_done: How many outcomes to wait for.
+            timeout: Seconds to wait at most; what finished by then is returned.
+
+        Returns:
+            The outcomes that arrived since the last collect: results and
+            errors by env index.
+        """
+        self._wanted = min_done
+        if not self._satisfied():
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                if timeout is None:
+                    await waiter
+                else:
+                    await asyncio.wait([waiter], timeout=timeout)
+            finally:
+                self._waiter = None
+        return self.take()
+
+    async def drain(self) -> Outcomes:
+        """Cancel whatever is in flight and wait for every outcome."""
+        if self.pending:
+            self.cancel()
+        return await self.collect(self.num_envs)
+
+
+def build_envs(env_fns: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Call each factory; on failure, close what was built and raise ``EnvError``."""
+    envs: list[Any] = []
+    for i, fn in enumerate(env_fns):
+        try:
+            env = fn()
+        except Exception as exc:
+            close_quietly(envs)
+            raise EnvError({i: exc}, f"env_fns[{i}]()") from exc
+        missing = [
+            a for a in ("reset", "step", "observation_space", "action_space") if not hasattr(env, a)
+        ]
+        if missing:
+            close_quietly([*envs, env])
+            raise TypeError(
+                f"env_fns[{i}]() must return an env (an aiovec.AsyncEnv or gymnasium.Env), got "
+                f"{type(env).__name__}, which lacks {', '.join(missing)}"
+            )
+        envs.append(env)
+    return envs
+
+
+def close_quietly(envs: Sequence[Any]) -> None:
+    """Best-effort close of envs built outside any call (e.g. construction failed)."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if close is None:
+            continue
+        try:
+            result = close()
+            if asyncio.iscoroutine(result):  # an async env's close: run it if it needs no loop
+                try:
+                    result.send(None)
+                except StopIteration:
+                    pass
+                else:
+                    result.close()
+        except Exception:  # the construction error matters more
+            continue

@@ -1,0 +1,96 @@
+"""Drivers: push a core flow through one env, synchronously or with ``await``.
+
+These are the only places that turn a call value into a method call on an env.
+Every backend uses them (inline in the caller's loop, the thread backend on a
+worker thread, the process backend inside its worker).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Generator
+from typing import Any, cast
+
+from aiovec._core.calls import (
+    STEP,
+    CallMethod,
+    Close,
+    EnvCall,
+    GetAttr,
+    Render,
+    Reset,
+    SetAttr,
+    Transition,
+)
+
+__all__ = ("perform_async", "perform_sync", "step_async", "step_sync")
+
+StepFlow = Generator[EnvCall | Transition | None, Any, None]
+
+
+def _get_attr(env: Any, name: str) -> Any:
+    getter = getattr(env, "get_wrapper_attr", None)
+    return getter(name) if getter is not None else getattr(env, name)
+
+
+def _set_attr(env: Any, name: str, value: Any) -> None:
+    setter = getattr(env, "set_wrapper_attr", None)
+    if setter is not None:
+        setter(name, value)
+    else:
+        setattr(env, name, value)
+
+
+def perform_sync(env: Any, call: EnvCall, action: Any = None) -> Any:
+    """Make one call on a synchronous env."""
+    if call is STEP:
+        return env.step(action)
+    kind = type(call)
+    if kind is Reset:
+        assert isinstance(call, Reset)
+        return env.reset(seed=call.seed, options=call.options)
+    if kind is Render:
+        return env.render()
+    if kind is Close:
+        return env.close()
+    if kind is GetAttr:
+        assert isinstance(call, GetAttr)
+        return _get_attr(env, call.name)
+    if kind is CallMethod:
+        assert isinstance(call, CallMethod)
+        target = _get_attr(env, call.name)
+        return target(*call.args, **(call.kwargs or {})) if callable(target) else target
+    assert isinstance(call, SetAttr), call
+    _set_attr(env, call.name, call.value)
+    return None
+
+
+async def perform_async(env: Any, call: EnvCall, action: Any = None) -> Any:
+    """Make one call on an async env (awaiting whatever it returns that is awaitable)."""
+    if call is STEP:
+        return await env.step(action)
+    result = perform_sync(env, call, action)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def step_sync(env: Any, flow: StepFlow, reset_first: bool, action: Any) -> Transition:
+    """One step of a synchronous env through its flow."""
+    send = flow.send
+    call = send(reset_first)
+    while type(call) is not tuple:
+        call = send(env.step(action) if call is STEP else perform_sync(env, cast(EnvCall, call)))
+    return call
+
+
+async def step_async(env: Any, flow: StepFlow, reset_first: bool, action: Any) -> Transition:
+    """One step of an async env through its flow."""
+    send = flow.send
+    call = send(reset_first)
+    while type(call) is not tuple:
+        if call is STEP:
+            call = send(await env.step(action))
+        else:
+            call = send(await perform_async(env, cast(EnvCall, call)))
+    return call

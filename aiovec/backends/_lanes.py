@@ -1,0 +1,171 @@
+"""Lanes: run each env's coroutine eagerly, inside a task of its own.
+
+Theory of operation.  ``asyncio.gather`` costs one new Task per env per step
+(~5 us here); an env whose coroutine finishes without suspending needs no Task
+at all.  So each call is first driven *eagerly* with ``coro.send(None)`` from
+the caller's loop.  Most finish right there.  One that suspends is handed, with
+the future it yielded, to its env's *lane*: a long-lived task that resumes it.
+
+Two things keep this indistinguishable from a real task per call:
+
+- During the eager part the env's lane task is made the loop's *current task*
+  (``asyncio.current_task()``), so ``asyncio.timeout()``, ``anyio`` cancel
+  scopes and friends bind to the task that will really carry on the coroutine.
+- Each lane runs in its own ``contextvars.Context``, and the eager part runs in
+  that same context, so context variables set before a suspension are there
+  after it.
+
+A lane is cancelled to cancel its env's call; cancellation ends the lane, and a
+new one is made for the env's next call.  Python 3.12 made eager tasks a
+built-in feature; this module gives Python 3.11 the same semantics, using
+``asyncio.tasks._enter_task``/``_leave_task`` (falling back to a plain task per
+suspended call where they do not exist).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.tasks as _asyncio_tasks
+import contextvars
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiovec._resume import Resume
+
+_Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
+# The same hooks asyncio's own eager tasks use; absent on other interpreters.
+_enter_task: _Swap | None = getattr(_asyncio_tasks, "_enter_task", None)
+_leave_task: _Swap | None = getattr(_asyncio_tasks, "_leave_task", None)
+
+__all__ = ("Lanes",)
+
+_FRESH = object()  # marks a coroutine the lane must start itself
+
+OnDone = Callable[[int, Any, BaseException | None], None]
+
+
+class Lanes:
+    """One lane per env; results are reported through ``on_done``."""
+
+    def __init__(self, num_envs: int, on_done: OnDone) -> None:
+        self._on_done = on_done
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None] | None] = [None] * num_envs
+        self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
+        self._contexts: list[contextvars.Context | None] = [None] * num_envs
+
+    def start(
+        self, i: int, coro: Coroutine[Any, Any, Any]
+    ) -> tuple[bool, Any, BaseException | None]:
+        """Drive ``coro`` eagerly on env ``i``'s lane.
+
+        Must be called from code running in the event loop, between
+        :meth:`enter` and :meth:`leave`.
+
+        Returns:
+            ``(True, value, error)`` when the coroutine finished eagerly, else
+            ``(False, None, None)``: it carries on in the lane and its result
+            arrives through ``on_done``.
+        """
+        task = self._tasks[i]
+        if task is None or task.done():
+            task = self._new_lane(i)
+        loop = self._loop
+        assert loop is not None
+        if _enter_task is None or _leave_task is None:  # cannot swap: the lane starts it
+            yielded: Any = _FRESH
+        else:
+            context = self._contexts[i]
+            assert context is not None
+            _enter_task(loop, task)
+            try:
+                yielded = context.run(coro.send, None)
+            except StopIteration as stop:
+                return True, stop.value, None
+            except BaseException as exc:
+                return True, None, exc
+            finally:
+                _leave_task(loop, task)
+        wake = self._wakes[i]
+        assert wake is not None
+        wake.set_result((coro, yielded))
+        return False, None, None
+
+    def enter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
+        """Prepare to start coroutines from ``loop``; returns the caller's task to restore."""
+        if loop is not self._loop:
+            self._rebind(loop)
+        caller = asyncio.current_task(loop)
+        if caller is not None and _leave_task is not None:
+            _leave_task(loop, caller)
+        return caller
+
+    def leave(self, caller: asyncio.Task[Any] | None) -> None:
+        """Restore the caller's task as the loop's current task."""
+        if caller is not None and _enter_task is not None and self._loop is not None:
+            _enter_task(self._loop, caller)
+
+    def cancel(self, i: int) -> None:
+        """Cancel env ``i``'s call in flight (its ``on_done`` reports the cancellation)."""
+        task = self._tasks[i]
+        if task is not None:
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel every lane and wait until each has ended."""
+        loop = asyncio.get_running_loop()
+        tasks = [t for t in self._tasks if t is not None and not t.done()]
+        self._tasks = [None] * len(self._tasks)
+        if self._loop is not loop:
+            for task in tasks:  # a loop that is gone or not ours: nothing to wait on
+                task.cancel()
+            return
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Used from a new event loop (e.g. a second asyncio.run): lanes of the
+        # old loop cannot run here.  Their envs have no call in flight (a call
+        # never spans two loops), so they are simply dropped.
+        for task in self._tasks:
+            if task is not None and not task.done() and not task.get_loop().is_closed():
+                task.cancel()
+        self._loop = loop
+        self._tasks = [None] * len(self._tasks)
+
+    def _new_lane(self, i: int) -> asyncio.Task[None]:
+        loop = self._loop
+        assert loop is not None
+        context = self._contexts[i]
+        if context is None:
+            context = self._contexts[i] = contextvars.copy_context()
+        self._wakes[i] = loop.create_future()
+        task = loop.create_task(self._lane(i), context=context)
+        self._tasks[i] = task
+        return task
+
+    async def _lane(self, i: int) -> None:
+        loop = self._loop
+        assert loop is not None
+        on_done = self._on_done
+        while True:
+            wake = self._wakes[i]
+            assert wake is not None
+            try:
+                coro, first = await wake
+            except asyncio.CancelledError as exc:
+                if wake.done() and not wake.cancelled():  # cancelled before it resumed the job
+                    wake.result()[0].close()
+                    on_done(i, None, exc)
+                raise
+            self._wakes[i] = loop.create_future()
+            try:
+                value = await (coro if first is _FRESH else Resume(coro, first))
+            except BaseException as exc:
+                on_done(i, None, exc)
+                if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                    raise
+            else:
+                on_done(i, value, None)
