@@ -1,9 +1,13 @@
 """``Resume``: carry on a coroutine that was started by hand and has suspended.
 
-Used where aiovec drives a coroutine eagerly (``coro.send(None)``) and it turns
-out to wait: the coroutine and the future it yielded are handed to a task,
-which awaits ``Resume(coro, yielded)``; from then on the task drives it as if
-it had run it from the start (values, exceptions and cancellation pass through).
+aiovec drives coroutines eagerly (``coro.send(None)``); one that waits is
+handed, with what it yielded, to a task.  ``Resume(coro, yielded)`` is itself a
+coroutine object: as a task's coroutine (``loop.create_task(Resume(...))``) or
+awaited (``await Resume(...)``), its first step re-yields what ``coro`` is
+waiting on, and from then on every ``send``/``throw``/``close`` goes straight to
+``coro``, as if the task had run it from the start.  A cancellation that
+arrives before the first step (a task cancelled before it ever ran) reaches
+``coro`` too, so it always unwinds through its own ``except``/``finally``.
 """
 
 from __future__ import annotations
@@ -14,31 +18,41 @@ from typing import Any
 __all__ = ("Resume",)
 
 
-class Resume:
-    """Awaitable that carries on ``coro``, which last yielded ``first``."""
+class Resume(Coroutine[Any, Any, Any]):
+    """A coroutine that carries on ``coro``, which last yielded ``first``."""
 
-    __slots__ = ("coro", "first")
+    __slots__ = ("_coro", "_first", "_started")
 
     def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
-        self.coro = coro
-        self.first = first
+        self._coro = coro
+        self._first = first
+        self._started = False
+
+    def send(self, value: Any) -> Any:
+        """Re-yield what ``coro`` waits on first, then pass values to ``coro``."""
+        if not self._started:
+            self._started = True
+            first, self._first = self._first, None
+            return first
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        """Pass an exception (e.g. a cancellation) to ``coro``."""
+        self._started = True
+        self._first = None
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - legacy signature
+
+    def close(self) -> None:
+        """Close ``coro``."""
+        self._coro.close()
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro, value = self.coro, self.first
-        self.first = None
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # delivered to the task: pass it on
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
+        return self  # a coroutine object is its own iterator
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def __iter__(self) -> Resume:
+        return self

@@ -3,14 +3,18 @@
 Two strategies, chosen once, when the runner is made:
 
 ``same-thread`` (a plain script; no loop runs in this thread)
-    The runner owns an ``asyncio.Runner``.  Each call first drives the
+    The runner owns an ``asyncio.Runner`` (for the loop's set-up and
+    tear-down).  Each call first drives the
     coroutine *without running the loop*: the loop is only marked as this
     thread's running loop while the coroutine is sent ``None``.  A vector
     call whose envs all finish without waiting (sync envs, CPU-bound async
     envs) completes right there, costing no loop iteration (~1 us instead of
     the ~20-50 us of ``Runner.run``).  A coroutine that suspends is handed,
     with the future it is waiting on, to ``Runner.run``, which finishes it and
-    turns Ctrl-C into a cancellation of that task (so nothing is orphaned).
+    finishes it as a task.  Ctrl-C, however it arrives (asyncio's handler, the
+    default one raising ``KeyboardInterrupt`` out of the loop, or one raised by
+    an env), cancels that task and lets it unwind before ``KeyboardInterrupt``
+    propagates, so nothing is orphaned.
     This is safe on the default loop, whose clock is ``time.monotonic``;
     uvloop caches its clock between iterations, so the fast path is never
     used on other loop types.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aiovec._errors import ClosedError
 from aiovec._resume import Resume
@@ -34,11 +38,6 @@ from aiovec._resume import Resume
 __all__ = ("Runner",)
 
 T = TypeVar("T")
-
-
-async def _finish(coro: Coroutine[Any, Any, T], first: Any) -> T:
-    result: T = await Resume(coro, first)
-    return result
 
 
 class Runner:
@@ -81,7 +80,6 @@ class Runner:
                 "called from inside a running loop; create it inside the loop (it then runs its "
                 "envs on a helper thread) or use AsyncioVectorEnv with `await`"
             )
-        runner = self._runner
         if self._fast:
             loop = self._loop or self._first_loop()
             asyncio._set_running_loop(loop)
@@ -92,8 +90,23 @@ class Runner:
                 return result
             finally:
                 asyncio._set_running_loop(None)
-            return runner.run(_finish(coro, first))
-        return runner.run(coro)
+            return cast(T, self._run_on_loop(Resume(coro, first)))
+        return cast(T, self._run_on_loop(coro))
+
+    def _run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` as a task; Ctrl-C (or any escape) cancels it and lets it unwind."""
+        loop = self._loop or self._first_loop()
+        task = loop.create_task(coro)
+        try:
+            return loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():
+                # KeyboardInterrupt raised out of the loop (a signal handler that is
+                # not asyncio's): the call must still cancel its envs and unwind.
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    loop.run_until_complete(task)
+            raise
 
     def _first_loop(self) -> asyncio.AbstractEventLoop:
         assert self._runner is not None

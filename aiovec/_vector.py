@@ -8,6 +8,7 @@ blocking front end forwards here; no rule is written anywhere else.
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -74,6 +75,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
+        self._unwound: asyncio.Future[None] | None = None  # set while a call waits on envs
         fns = validate.check_env_fns(env_fns)
         mode = validate.check_autoreset_mode(autoreset_mode)
         backend_name = validate.check_choice("backend", backend, validate.BACKENDS)
@@ -236,6 +238,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life.state = State.CLOSED
             return
         self._life.state = State.CLOSED
+        unwound = self._unwound
+        if unwound is not None and not unwound.done():  # a call is waiting on envs
+            self._backend.cancel()
+            await asyncio.shield(unwound)  # it sees CLOSED and raises ClosedError
         errors = await self._backend.aclose()
         if errors:
             raise EnvError(errors, "close()")
@@ -288,14 +294,23 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             # Every env's call runs to its end, failed or not: the errors
             # reported never depend on which env happened to finish first.
             if backend.pending:
+                self._unwound = asyncio.get_running_loop().create_future()
                 results, errors = await backend.collect(len(indices))
             else:
                 results, errors = backend.take()
+        except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
+            backend.cancel()
+            self._life.break_(f"{op.name}() was abandoned unfinished")
+            raise
         except BaseException as exc:
             if self._life.state is not State.CLOSED:
                 await backend.drain()
                 self._life.break_(f"{op.name}() was interrupted ({type(exc).__name__})")
             raise
+        finally:
+            if self._unwound is not None:
+                self._unwound.set_result(None)
+                self._unwound = None
         if self._life.state is State.CLOSED:
             raise ClosedError(f"the vector env was closed while {op.name}() was in flight")
         if errors:
@@ -323,4 +338,3 @@ def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty attribute name, got {validate.describe(name)}")
     return name
-

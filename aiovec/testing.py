@@ -59,8 +59,11 @@ class SpaceEnv(gymnasium.Env[Any, Any]):
         max_len: int = 6,
         render_mode: str | None = None,
     ) -> None:
-        self.observation_space = copy.deepcopy(observation_space or _DEFAULT_OBS)
-        self.action_space = copy.deepcopy(action_space or _DEFAULT_ACT)
+        # ``is None``, not ``or``: a space's truth is its length (empty Tuple/Dict are falsy)
+        self.observation_space = copy.deepcopy(
+            _DEFAULT_OBS if observation_space is None else observation_space
+        )
+        self.action_space = copy.deepcopy(_DEFAULT_ACT if action_space is None else action_space)
         self.min_len, self.max_len = min_len, max_len
         self.render_mode = render_mode
         self.episode_steps = 0

@@ -156,10 +156,16 @@ class Lanes:
             try:
                 coro, first = await wake
             except asyncio.CancelledError as exc:
-                if wake.done() and not wake.cancelled():  # cancelled before it resumed the job
-                    wake.result()[0].close()
+                if not wake.done() or wake.cancelled():
+                    raise  # an idle lane was cancelled: it just ends
+                # Cancelled between the hand-over and the resumption: deliver the
+                # cancellation the way a task would, then let the env unwind.
+                coro, first = wake.result()
+                if first is _FRESH:
+                    coro.close()
                     on_done(i, None, exc)
-                raise
+                    raise
+                _deliver_cancellation(first)
             self._wakes[i] = loop.create_future()
             try:
                 value = await (coro if first is _FRESH else Resume(coro, first))
@@ -169,3 +175,14 @@ class Lanes:
                     raise
             else:
                 on_done(i, value, None)
+
+
+def _deliver_cancellation(waiting_on: Any) -> None:
+    """Make a coroutine that waits on ``waiting_on`` see a cancellation when resumed."""
+    cancel = getattr(waiting_on, "cancel", None)
+    if cancel is not None:
+        cancel()  # as Task.cancel() cancels the future the task waits on
+    else:  # a bare yield (sleep(0)): cancel at the coroutine's next suspension
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()

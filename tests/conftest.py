@@ -1,0 +1,552 @@
+"""Shared scaffolding of the scenario suites.
+
+One scenario body runs through every backend x front end x env flavour:
+
+- **front ends**: ``"await"`` drives an :class:`aiovec.AsyncioVectorEnv` on one
+  ``asyncio.Runner`` owned by the adapter for its whole life;
+  ``"blocking"`` forwards to an :class:`aiovec.BlockingVectorEnv`.
+- **flavours**: ``"sync"`` hands plain gymnasium envs to aiovec; ``"async"``
+  wraps each in :class:`aiovec.testing.AsyncTwin`, so a batch finishes in a
+  random order.
+- **the oracle** is ``gymnasium.vector.SyncVectorEnv`` over the same plain
+  factories; :class:`Lockstep` drives both with the same seeds and actions and
+  asserts identical results after every call.
+
+Adding a backend is one line: append its name to :data:`BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import math
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+import aiovec
+from aiovec.testing import AsyncTwin, SpaceEnv
+
+BACKENDS = ["inline"]
+FRONT_ENDS = ["await", "blocking"]
+FLAVOURS = ["sync", "async"]
+MODES = list(AutoresetMode)
+
+EnvFn = Callable[[], Any]
+
+# Observation / action space pairs the scenarios run over (name -> (obs, act)).
+SPACES: dict[str, tuple[spaces.Space[Any], spaces.Space[Any]]] = {
+    "box-discrete": (spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(3)),
+    "image-box": (
+        spaces.Box(0, 255, (4, 4, 3), np.uint8),
+        spaces.Box(-2.0, 2.0, (2,), np.float32),
+    ),
+    "discrete-multidiscrete": (spaces.Discrete(5, start=-2), spaces.MultiDiscrete([3, 4])),
+    "multidiscrete-multibinary": (spaces.MultiDiscrete([2, 3, 4]), spaces.MultiBinary(3)),
+    "multibinary-box64": (
+        spaces.MultiBinary([2, 2]),
+        spaces.Box(-1.0, 1.0, (2, 2), np.float64),
+    ),
+    "dict-tuple": (
+        spaces.Dict({"pos": spaces.Box(-1.0, 1.0, (2,), np.float64), "id": spaces.Discrete(4)}),
+        spaces.Tuple((spaces.Discrete(2), spaces.Box(0.0, 1.0, (2,), np.float32))),
+    ),
+    "nested-dict-of-tuple": (
+        spaces.Dict(
+            {
+                "a": spaces.Tuple(
+                    (spaces.Box(0, 10, (2,), np.int64), spaces.Discrete(3)),
+                ),
+                "b": spaces.Dict(
+                    {"c": spaces.MultiBinary(2), "d": spaces.MultiDiscrete([[2, 3], [4, 5]])}
+                ),
+            }
+        ),
+        spaces.Dict(
+            {
+                "x": spaces.Discrete(2),
+                "y": spaces.Tuple(
+                    (spaces.Box(-1.0, 1.0, (1,), np.float32), spaces.MultiDiscrete([2, 2]))
+                ),
+            }
+        ),
+    ),
+}
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def space_env_fns(
+    num_envs: int,
+    space: str = "box-discrete",
+    **kwargs: Any,
+) -> list[EnvFn]:
+    """``num_envs`` factories of :class:`SpaceEnv` over the named space pair."""
+    obs_space, act_space = SPACES[space]
+    return [functools.partial(SpaceEnv, obs_space, act_space, **kwargs) for _ in range(num_envs)]
+
+
+def _make_twin(fn: EnvFn, index: int, max_yields: int) -> AsyncTwin:
+    return AsyncTwin(fn(), max_yields=max_yields, seed=7919 * (index + 1))
+
+
+def flavoured(fns: Sequence[EnvFn], flavour: str, *, max_yields: int = 4) -> Sequence[EnvFn]:
+    """The factories aiovec gets: as given (``"sync"``) or wrapped in ``AsyncTwin``.
+
+    Anything but a list/tuple of callables (bad input under test) is passed on as is.
+    """
+    if flavour == "sync" or not isinstance(fns, list | tuple) or not all(map(callable, fns)):
+        return fns  # type: ignore[return-value]
+    if flavour == "async":
+        return [functools.partial(_make_twin, fn, i, max_yields) for i, fn in enumerate(fns)]
+    raise AssertionError(f"unknown flavour {flavour!r}")
+
+
+# --------------------------------------------------------------------------- front ends
+
+
+async def _build_asyncio_env(
+    env_fns: Sequence[EnvFn], kwargs: dict[str, Any]
+) -> aiovec.AsyncioVectorEnv:
+    return aiovec.AsyncioVectorEnv(env_fns, **kwargs)
+
+
+class AwaitFrontEnd:
+    """A synchronous face of one ``AsyncioVectorEnv``, run on one ``asyncio.Runner``.
+
+    The vector env is built inside the runner's loop and every coroutine runs on
+    that same loop, as an asyncio program would.
+    """
+
+    front_end = "await"
+
+    def __init__(self, env_fns: Sequence[EnvFn], **kwargs: Any) -> None:
+        self._runner = asyncio.Runner()
+        try:
+            self.venv = self._runner.run(_build_asyncio_env(env_fns, kwargs))
+        except BaseException:
+            self._runner.close()
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        if name in {"venv", "_runner"}:
+            raise AttributeError(name)
+        return getattr(self.venv, name)
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run any coroutine on the adapter's loop."""
+        return self._runner.run(coro)
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.run(self.venv.reset(**kwargs))
+
+    def step(self, actions: Any) -> Any:
+        return self.run(self.venv.step(actions))
+
+    def render(self) -> Any:
+        return self.run(self.venv.render())
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.run(self.venv.call(name, *args, **kwargs))
+
+    def get_attr(self, name: str) -> Any:
+        return self.run(self.venv.get_attr(name))
+
+    def set_attr(self, name: str, values: Any) -> Any:
+        return self.run(self.venv.set_attr(name, values))
+
+    def close(self) -> Any:
+        return self.run(self.venv.close())
+
+    def shutdown(self) -> None:
+        """Close the vector env (if still open) and the runner; for teardown."""
+        try:
+            if not self.venv.closed:
+                self.close()
+        finally:
+            self._runner.close()
+
+
+class BlockingFrontEnd:
+    """Forwards to an ``aiovec.BlockingVectorEnv``."""
+
+    front_end = "blocking"
+
+    def __init__(self, env_fns: Sequence[EnvFn], **kwargs: Any) -> None:
+        self.venv = aiovec.BlockingVectorEnv(env_fns, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "venv":
+            raise AttributeError(name)
+        return getattr(self.venv, name)
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.venv.reset(**kwargs)
+
+    def step(self, actions: Any) -> Any:
+        return self.venv.step(actions)
+
+    def render(self) -> Any:
+        return self.venv.render()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.venv.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> Any:
+        return self.venv.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> Any:
+        return self.venv.set_attr(name, values)
+
+    def close(self) -> Any:
+        return self.venv.close()
+
+    def shutdown(self) -> None:
+        if not self.venv.closed:
+            self.venv.close()
+
+
+FrontEnd = AwaitFrontEnd | BlockingFrontEnd
+
+
+def open_front_end(
+    front_end: str,
+    env_fns: Sequence[EnvFn],
+    *,
+    flavour: str = "sync",
+    backend: str = "inline",
+    **kwargs: Any,
+) -> FrontEnd:
+    """Build aiovec through ``front_end`` over ``env_fns`` in the given flavour."""
+    cls = {"await": AwaitFrontEnd, "blocking": BlockingFrontEnd}[front_end]
+    adapter = cls(flavoured(env_fns, flavour), backend=backend, **kwargs)
+    adapter.flavour = flavour
+    adapter.backend = backend
+    return adapter
+
+
+@contextmanager
+def driven(front_end: str, env_fns: Sequence[EnvFn], **kwargs: Any) -> Iterator[FrontEnd]:
+    """:func:`open_front_end` as a context manager (for hypothesis bodies)."""
+    adapter = open_front_end(front_end, env_fns, **kwargs)
+    try:
+        yield adapter
+    finally:
+        adapter.shutdown()
+
+
+@contextmanager
+def oracle_env(env_fns: Sequence[EnvFn], **kwargs: Any) -> Iterator[SyncVectorEnv]:
+    """gymnasium's ``SyncVectorEnv`` over the same factories, always closed."""
+    oracle = SyncVectorEnv(env_fns, **kwargs)
+    try:
+        yield oracle
+    finally:
+        oracle.close()
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=FRONT_ENDS)
+def front_end(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_venv(backend: str, front_end: str, flavour: str) -> Iterator[Callable[..., FrontEnd]]:
+    """Build aiovec (plain factories in; the flavour is applied here); closed at teardown."""
+    opened: list[FrontEnd] = []
+
+    def make(env_fns: Sequence[EnvFn], **kwargs: Any) -> FrontEnd:
+        adapter = open_front_end(front_end, env_fns, flavour=flavour, backend=backend, **kwargs)
+        opened.append(adapter)
+        return adapter
+
+    yield make
+    errors = []
+    for adapter in reversed(opened):
+        try:
+            adapter.shutdown()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+    assert not errors, f"closing aiovec at teardown failed: {errors!r}"
+
+
+@pytest.fixture
+def make_oracle() -> Iterator[Callable[..., SyncVectorEnv]]:
+    """Build gymnasium's ``SyncVectorEnv``; closed at teardown."""
+    opened: list[SyncVectorEnv] = []
+
+    def make(env_fns: Sequence[EnvFn], **kwargs: Any) -> SyncVectorEnv:
+        oracle = SyncVectorEnv(env_fns, **kwargs)
+        opened.append(oracle)
+        return oracle
+
+    yield make
+    for oracle in opened:
+        oracle.close()
+
+
+@pytest.fixture
+def make_lockstep(
+    make_venv: Callable[..., FrontEnd], make_oracle: Callable[..., SyncVectorEnv]
+) -> Callable[..., Lockstep]:
+    """Build aiovec and the oracle over the same factories, driven together."""
+
+    def make(
+        env_fns: Sequence[EnvFn],
+        *,
+        autoreset_mode: Any = AutoresetMode.NEXT_STEP,
+        action_seed: int = 0,
+        **kwargs: Any,
+    ) -> Lockstep:
+        venv = make_venv(env_fns, autoreset_mode=autoreset_mode, **kwargs)
+        oracle_kwargs = {"copy": kwargs["copy"]} if "copy" in kwargs else {}
+        oracle = make_oracle(env_fns, autoreset_mode=autoreset_mode, **oracle_kwargs)
+        return Lockstep(venv, oracle, action_seed=action_seed)
+
+    return make
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return "".join(f"[{p!r}]" for p in path) or "<root>"
+
+
+def assert_same(
+    actual: Any,
+    expected: Any,
+    path: tuple[Any, ...] = (),
+    *,
+    ignore: frozenset[tuple[Any, ...]] = frozenset(),
+) -> None:
+    """Assert ``actual`` equals ``expected`` exactly, recursively.
+
+    Arrays must agree in type, dtype, shape and every element (object arrays
+    element by element); mappings in their key sets; tuples/lists in length and
+    items; scalars in type and value.  ``ignore`` lists key paths not compared.
+    """
+    if path in ignore:
+        return
+    where = _where(path)
+    if isinstance(expected, np.ndarray):
+        assert isinstance(actual, np.ndarray), f"{where}: expected an ndarray, got {actual!r}"
+        assert actual.dtype == expected.dtype, (
+            f"{where}: dtype {actual.dtype} != expected {expected.dtype}"
+        )
+        assert actual.shape == expected.shape, (
+            f"{where}: shape {actual.shape} != expected {expected.shape}"
+        )
+        if expected.dtype == object:
+            for index in np.ndindex(expected.shape):
+                assert_same(actual[index], expected[index], (*path, index), ignore=ignore)
+        else:
+            np.testing.assert_array_equal(actual, expected, err_msg=where, strict=True)
+    elif isinstance(expected, Mapping):
+        assert isinstance(actual, Mapping), f"{where}: expected a mapping, got {actual!r}"
+        assert set(actual) == set(expected), (
+            f"{where}: keys {sorted(map(str, actual))} != expected {sorted(map(str, expected))}"
+        )
+        for key in expected:
+            assert_same(actual[key], expected[key], (*path, key), ignore=ignore)
+    elif isinstance(expected, tuple | list):
+        assert type(actual) is type(expected), (
+            f"{where}: expected a {type(expected).__name__}, got {actual!r}"
+        )
+        assert len(actual) == len(expected), f"{where}: length {len(actual)} != {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same(a, e, (*path, i), ignore=ignore)
+    elif expected is None:
+        assert actual is None, f"{where}: expected None, got {actual!r}"
+    else:
+        assert type(actual) is type(expected), (
+            f"{where}: type {type(actual).__name__} != expected {type(expected).__name__}"
+        )
+        same = actual == expected or (
+            isinstance(expected, float) and math.isnan(expected) and math.isnan(actual)
+        )
+        assert same, f"{where}: {actual!r} != expected {expected!r}"
+
+
+def assert_infos_equal(
+    actual: Mapping[str, Any],
+    expected: Mapping[str, Any],
+    *,
+    ignore: frozenset[tuple[Any, ...]] = frozenset(),
+) -> None:
+    """Vector infos identical: keys, ``_key`` masks, values, dtypes, nested dicts.
+
+    Object arrays (``final_obs``, strings) are compared element by element, and
+    unmasked entries too (gymnasium fills them with zeros / ``None``).  ``ignore``
+    lists key paths (e.g. ``("episode", "t")``) left out.
+    """
+    assert type(actual) is dict, f"infos must be a dict, got {type(actual).__name__}"
+    assert_same(actual, expected, ("infos",), ignore={("infos", *p) for p in ignore})
+
+
+RESET_FIELDS = ("obs", "infos")
+STEP_FIELDS = ("obs", "rewards", "terminations", "truncations", "infos")
+
+
+def assert_results_equal(
+    actual: Sequence[Any],
+    expected: Sequence[Any],
+    fields: Sequence[str] = STEP_FIELDS,
+    *,
+    ignore: frozenset[tuple[Any, ...]] = frozenset(),
+) -> None:
+    """A reset or step result equals the oracle's, field by field.
+
+    ``ignore`` holds info key paths (without the leading ``"infos"``) not compared.
+    """
+    assert isinstance(actual, tuple), f"expected a tuple result, got {type(actual).__name__}"
+    assert len(actual) == len(fields), f"expected {len(fields)} results, got {len(actual)}"
+    for name, a, e in zip(fields, actual, expected, strict=True):
+        if name == "infos":
+            assert_infos_equal(a, e, ignore=ignore)
+        else:
+            assert_same(a, e, (name,))
+
+
+def assert_spaces_equal(venv: Any, oracle: gymnasium.vector.VectorEnv) -> None:
+    """Batched and single spaces, num_envs, render_mode and metadata agree."""
+    assert venv.num_envs == oracle.num_envs
+    assert venv.single_observation_space == oracle.single_observation_space
+    assert venv.single_action_space == oracle.single_action_space
+    assert venv.observation_space == oracle.observation_space
+    assert venv.action_space == oracle.action_space
+    assert venv.render_mode == oracle.render_mode
+    mode = venv.metadata["autoreset_mode"]
+    assert isinstance(mode, AutoresetMode), f"metadata autoreset_mode is {mode!r}"
+    assert mode == oracle.metadata["autoreset_mode"]
+    for key, value in oracle.metadata.items():
+        assert venv.metadata.get(key) == value, f"metadata[{key!r}] differs"
+
+
+# --------------------------------------------------------------------------- lockstep driver
+
+
+class Lockstep:
+    """Drive aiovec and the oracle with the same calls; every result must match.
+
+    Actions come from the batched action space seeded with ``action_seed``;
+    each side gets its own deep copy of every argument (gymnasium pops
+    ``reset_mask`` from the options dict it is given).  ``ignore`` lists info
+    key paths left out of the comparison.
+    """
+
+    def __init__(
+        self,
+        venv: Any,
+        oracle: SyncVectorEnv,
+        *,
+        action_seed: int = 0,
+        ignore: frozenset[tuple[Any, ...]] = frozenset(),
+    ) -> None:
+        self.venv = venv
+        self.oracle = oracle
+        self.ignore = ignore
+        self.actions_space = copy.deepcopy(oracle.action_space)
+        self.actions_space.seed(action_seed)
+        self.last: tuple[Any, ...] | None = None
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.oracle.num_envs)
+
+    def sample(self) -> Any:
+        """The next random valid batch of actions."""
+        return self.actions_space.sample()
+
+    def reset(self, **kwargs: Any) -> tuple[Any, ...]:
+        expected = self.oracle.reset(**copy.deepcopy(kwargs))
+        actual = self.venv.reset(**copy.deepcopy(kwargs))
+        assert_results_equal(actual, expected, RESET_FIELDS, ignore=self.ignore)
+        return expected
+
+    def step(self, actions: Any = None) -> tuple[Any, ...]:
+        """Step both; return the oracle's result."""
+        return self.step_pair(actions)[1]
+
+    def step_pair(self, actions: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """Step both; return ``(aiovec's result, the oracle's result)``."""
+        if actions is None:
+            actions = self.sample()
+        expected = self.oracle.step(copy.deepcopy(actions))
+        actual = self.venv.step(copy.deepcopy(actions))
+        assert_results_equal(actual, expected, ignore=self.ignore)
+        self.last = expected
+        return actual, expected
+
+    def ended(self) -> np.ndarray:
+        """Which envs ended on the last step (all False before any step)."""
+        if self.last is None:
+            return np.zeros(self.num_envs, dtype=np.bool_)
+        return np.logical_or(self.last[2], self.last[3])
+
+    def render(self) -> tuple[Any, ...]:
+        expected = self.oracle.render()
+        assert_same(self.venv.render(), expected, ("render",))
+        return expected
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        expected = self.oracle.call(name, *args, **kwargs)
+        assert_same(self.venv.call(name, *args, **kwargs), expected, ("call", name))
+        return expected
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        expected = self.oracle.get_attr(name)
+        assert_same(self.venv.get_attr(name), expected, ("get_attr", name))
+        return expected
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self.oracle.set_attr(name, copy.deepcopy(values))
+        assert self.venv.set_attr(name, copy.deepcopy(values)) is None
+
+
+def counters(venv: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Each env's ``(episodes, episode_steps)`` (SpaceEnv counters): did anything run?"""
+    return tuple(venv.get_attr("episodes")), tuple(venv.get_attr("episode_steps"))
+
+
+__all__ = [
+    "BACKENDS",
+    "FLAVOURS",
+    "FRONT_ENDS",
+    "MODES",
+    "SPACES",
+    "AwaitFrontEnd",
+    "BlockingFrontEnd",
+    "Lockstep",
+    "assert_infos_equal",
+    "assert_results_equal",
+    "assert_same",
+    "assert_spaces_equal",
+    "counters",
+    "driven",
+    "flavoured",
+    "open_front_end",
+    "oracle_env",
+    "space_env_fns",
+]

@@ -1,0 +1,329 @@
+"""The pure core, tested without an event loop (h11 style: tables, no I/O)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from aiovec import ClosedError, StateError
+from aiovec._core import validate
+from aiovec._core.autoreset import AutoresetState
+from aiovec._core.batching import Batcher, copy_batch
+from aiovec._core.calls import AUTORESET, STEP, new_step_flow
+from aiovec._core.lifecycle import Lifecycle, Op, State
+
+CORE = pathlib.Path(__file__).parent.parent / "aiovec" / "_core"
+FORBIDDEN = {"asyncio", "anyio", "threading", "multiprocessing", "pickle", "cloudpickle", "ray"}
+
+
+def test_core_imports_no_io_module():
+    for path in CORE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] not in FORBIDDEN, f"{path.name} imports {name}"
+
+
+# -- the step flow: (mode, reset_first, what the env returns) -> calls and transition --
+
+OBS, INFO = "obs", {"k": 1}
+RESET_OBS, RESET_INFO = "reset-obs", {"reset": True}
+
+
+def run_flow(mode, reset_first, terminated=False, truncated=False):
+    """Push one step through a fresh flow; return (calls made, transition)."""
+    flow = new_step_flow(mode)
+    calls = []
+    call = flow.send(reset_first)
+    while type(call) is not tuple:
+        calls.append(call)
+        if call is STEP:
+            call = flow.send((OBS, 1.5, terminated, truncated, INFO))
+        else:
+            call = flow.send((RESET_OBS, RESET_INFO))
+    return calls, call
+
+
+FLOW_TABLE = [
+    # mode, reset_first, terminated, truncated -> calls, transition
+    (AutoresetMode.NEXT_STEP, False, False, False, [STEP], (OBS, 1.5, False, False, INFO, None)),
+    (AutoresetMode.NEXT_STEP, False, True, False, [STEP], (OBS, 1.5, True, False, INFO, None)),
+    (
+        AutoresetMode.NEXT_STEP,
+        True,
+        False,
+        False,
+        [AUTORESET],
+        (RESET_OBS, 0.0, False, False, RESET_INFO, None),
+    ),
+    (AutoresetMode.DISABLED, False, False, True, [STEP], (OBS, 1.5, False, True, INFO, None)),
+    (AutoresetMode.SAME_STEP, False, False, False, [STEP], (OBS, 1.5, False, False, INFO, None)),
+    (
+        AutoresetMode.SAME_STEP,
+        False,
+        True,
+        False,
+        [STEP, AUTORESET],
+        (RESET_OBS, 1.5, True, False, RESET_INFO, {"final_obs": OBS, "final_info": INFO}),
+    ),
+    (
+        AutoresetMode.SAME_STEP,
+        False,
+        False,
+        True,
+        [STEP, AUTORESET],
+        (RESET_OBS, 1.5, False, True, RESET_INFO, {"final_obs": OBS, "final_info": INFO}),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "reset_first", "term", "trunc", "calls", "transition"), FLOW_TABLE
+)
+def test_step_flow_table(mode, reset_first, term, trunc, calls, transition):
+    assert run_flow(mode, reset_first, term, trunc) == (calls, transition)
+
+
+def test_a_flow_serves_many_steps():
+    flow = new_step_flow(AutoresetMode.NEXT_STEP)
+    for reset_first in (False, True, False, False, True):
+        call = flow.send(reset_first)
+        assert call is (AUTORESET if reset_first else STEP)
+        result = (RESET_OBS, RESET_INFO) if reset_first else (OBS, 0.0, False, False, {})
+        assert type(flow.send(result)) is tuple
+
+
+def test_autoreset_is_a_reset_without_seed_or_options():
+    assert AUTORESET.seed is None
+    assert AUTORESET.options is None
+
+
+# -- autoreset state across steps -----------------------------------------------------
+
+
+def test_next_step_plans_a_reset_for_envs_that_ended():
+    state = AutoresetState(AutoresetMode.NEXT_STEP, 3)
+    assert state.plan() == [False, False, False]
+    state.stepped(None, np.array([False, True, False]))
+    assert state.plan() == [False, True, False]
+    state.was_reset(np.array([False, True, False]))
+    assert state.plan() == [False, False, False]
+
+
+def test_same_step_never_plans_a_reset():
+    state = AutoresetState(AutoresetMode.SAME_STEP, 2)
+    state.stepped(None, np.array([True, True]))
+    assert state.plan() == [False, False]
+
+
+def test_disabled_refuses_to_step_an_ended_env_and_names_it():
+    state = AutoresetState(AutoresetMode.DISABLED, 4)
+    state.stepped(None, np.array([False, False, True, False]))
+    with pytest.raises(StateError, match=r"\[2\].*reset_mask"):
+        state.plan()
+    state.was_reset(np.array([False, False, True, False]))
+    assert state.plan() == [False] * 4
+
+
+def test_full_reset_clears_every_ended_flag():
+    state = AutoresetState(AutoresetMode.NEXT_STEP, 2)
+    state.stepped(None, np.array([True, True]))
+    state.was_reset(None)
+    assert state.plan() == [False, False]
+
+
+# -- lifecycle table ------------------------------------------------------------------
+
+LIFECYCLE_TABLE = [
+    (State.NEEDS_RESET, Op.RESET, None),
+    (State.NEEDS_RESET, Op.STEP, "reset\\(\\) first"),
+    (State.NEEDS_RESET, Op.RESET_MASK, "reset\\(\\) first"),
+    (State.NEEDS_RESET, Op.INSPECT, None),
+    (State.READY, Op.STEP, None),
+    (State.READY, Op.RESET_MASK, None),
+    (State.BUSY, Op.STEP, "in flight"),
+    (State.BUSY, Op.RESET, "in flight"),
+    (State.BUSY, Op.INSPECT, "in flight"),
+    (State.BROKEN, Op.RESET, None),
+    (State.BROKEN, Op.STEP, "only a full reset\\(\\)"),
+    (State.BROKEN, Op.RESET_MASK, "only a full reset\\(\\)"),
+    (State.BROKEN, Op.INSPECT, "only a full reset\\(\\)"),
+]
+
+
+@pytest.mark.parametrize(("state", "op", "error"), LIFECYCLE_TABLE)
+def test_lifecycle_table(state, op, error):
+    life = Lifecycle()
+    life.state = state
+    if error is None:
+        life.check(op)
+    else:
+        with pytest.raises(StateError, match=error):
+            life.check(op)
+
+
+@pytest.mark.parametrize("op", list(Op))
+def test_closed_allows_nothing(op):
+    life = Lifecycle()
+    life.state = State.CLOSED
+    with pytest.raises(ClosedError, match="closed"):
+        life.check(op)
+
+
+def test_broken_message_says_why():
+    life = Lifecycle()
+    life.break_("step() failed in env 3")
+    with pytest.raises(StateError, match="env 3"):
+        life.check(Op.STEP)
+
+
+def test_a_closed_env_cannot_be_broken_again():
+    life = Lifecycle()
+    life.state = State.CLOSED
+    life.break_("late failure")
+    assert life.state is State.CLOSED
+
+
+# -- validation -----------------------------------------------------------------------
+
+SEEDS_TABLE = [
+    (None, 3, [None, None, None]),
+    (7, 3, [7, 8, 9]),
+    (np.int64(5), 2, [5, 6]),
+    ([1, None, 3], 3, [1, None, 3]),
+]
+
+
+@pytest.mark.parametrize(("seed", "n", "expected"), SEEDS_TABLE)
+def test_seeds(seed, n, expected):
+    assert validate.check_seeds(seed, n) == expected
+
+
+@pytest.mark.parametrize(
+    ("seed", "error", "match"),
+    [
+        ([1, 2], ValueError, "length 2"),
+        (-1, ValueError, ">= 0"),
+        (1.5, TypeError, "float"),
+        (True, TypeError, "bool"),
+        ("12", TypeError, "str"),
+        ([1, "a", 3], TypeError, r"seed\[1\]"),
+    ],
+)
+def test_bad_seeds(seed, error, match):
+    with pytest.raises(error, match=match):
+        validate.check_seeds(seed, 3)
+
+
+def test_options_never_modify_the_callers_dict():
+    mask = np.array([True, False])
+    options = {"reset_mask": mask, "level": 2}
+    rest, got = validate.check_options(options, 2)
+    assert rest == {"level": 2}
+    assert got is not mask
+    assert np.array_equal(got, mask)
+    assert "reset_mask" in options
+
+
+@pytest.mark.parametrize(
+    ("space", "actions", "error"),
+    [
+        (spaces.Discrete(3), [0, 1], ValueError),
+        (spaces.Discrete(3), np.zeros(3, np.float32), TypeError),
+        (spaces.Box(0, 1, (2,)), np.zeros((3, 3)), ValueError),
+        (spaces.Box(0, 1, (2,)), np.array([["a", "b"]] * 3), TypeError),
+        (spaces.MultiBinary(2), np.zeros((3, 2), np.float64), TypeError),
+        (spaces.Dict(a=spaces.Discrete(2)), {"b": [0, 0, 0]}, ValueError),
+        (spaces.Tuple([spaces.Discrete(2)] * 2), ([0, 0, 0],), TypeError),
+        (spaces.Text(5), ["a", "b"], ValueError),
+    ],
+)
+def test_bad_actions_are_named(space, actions, error):
+    with pytest.raises(error, match="actions"):
+        validate.check_actions(space, actions, 3, "actions")
+
+
+@pytest.mark.parametrize(
+    ("space", "actions"),
+    [
+        (spaces.Discrete(3), [0, 1, 2]),
+        (spaces.Box(0, 1, (2,), np.float32), np.zeros((3, 2), np.float64)),
+        (spaces.MultiBinary(2), np.zeros((3, 2), np.bool_)),
+        (spaces.Dict(a=spaces.Discrete(2)), {"a": np.zeros(3, np.int64)}),
+        (spaces.Text(5), ["a", "b", "c"]),
+    ],
+)
+def test_good_actions_pass(space, actions):
+    validate.check_actions(space, actions, 3, "actions")
+
+
+@pytest.mark.parametrize(
+    ("fns", "error", "match"),
+    [
+        ([], ValueError, "empty"),
+        (lambda: None, TypeError, "sequence"),
+        ("CartPole-v1", TypeError, "sequence"),
+        ([1], TypeError, r"env_fns\[0\]"),
+    ],
+)
+def test_bad_env_fns(fns, error, match):
+    with pytest.raises(error, match=match):
+        validate.check_env_fns(fns)
+
+
+def test_an_env_class_is_a_factory():
+    class Env:
+        def reset(self): ...
+        def step(self): ...
+
+    assert validate.check_env_fns([Env]) == [Env]
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf")])
+def test_bad_timeouts(value):
+    with pytest.raises(ValueError, match="step_timeout"):
+        validate.check_timeout("step_timeout", value)
+
+
+# -- batching -------------------------------------------------------------------------
+
+
+def test_copy_batch_shares_no_memory():
+    value = {"a": np.zeros(3), "b": (np.ones(2), np.zeros(1))}
+    copied = copy_batch(value)
+    assert not np.shares_memory(copied["a"], value["a"])
+    assert not np.shares_memory(copied["b"][0], value["b"][0])
+
+
+def test_step_batch_orders_by_env_index_and_types_arrays():
+    batcher = Batcher(spaces.Discrete(5), spaces.Discrete(2), 3, copy=True)
+    results = {
+        2: (4, 1, 0, 0, {}, None),
+        0: (1, 2.5, True, False, {"x": 1}, None),
+        1: (3, -1, False, True, {}, None),
+    }
+    obs, rewards, terminations, truncations, infos = batcher.step_batch(range(3), results)
+    assert obs.tolist() == [1, 3, 4]
+    assert rewards.dtype == np.float64
+    assert rewards.tolist() == [2.5, -1.0, 1.0]
+    assert terminations.tolist() == [True, False, False]
+    assert truncations.tolist() == [False, True, False]
+    assert infos["x"].tolist() == [1, 0, 0]
+    assert infos["_x"].tolist() == [True, False, False]
+
+
+def test_copy_false_returns_the_reused_buffer():
+    batcher = Batcher(spaces.Box(0, 1, (2,)), spaces.Discrete(2), 2, copy=False)
+    first, _ = batcher.reset_batch(range(2), {0: (np.zeros(2), {}), 1: (np.ones(2), {})})
+    second, _ = batcher.reset_batch([0], {0: (np.ones(2), {})})
+    assert first is second

@@ -1,0 +1,219 @@
+"""``BlockingVectorEnv`` is a drop-in ``SyncVectorEnv``: gymnasium's wrappers, scripts, ``make``."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+
+import gymnasium
+import numpy as np
+import pytest
+from conftest import (
+    BACKENDS,
+    Lockstep,
+    assert_results_equal,
+    assert_same,
+    assert_spaces_equal,
+    open_front_end,
+    oracle_env,
+    space_env_fns,
+)
+from gymnasium.vector import AutoresetMode
+from gymnasium.wrappers.vector import ClipAction, NormalizeReward, RecordEpisodeStatistics
+
+import aiovec
+
+
+@pytest.fixture
+def make_blocking(backend, flavour):
+    """Build a bare ``aiovec.BlockingVectorEnv`` (plain factories in); closed at teardown."""
+    opened = []
+
+    def make(env_fns, **kwargs):
+        adapter = open_front_end("blocking", env_fns, flavour=flavour, backend=backend, **kwargs)
+        opened.append(adapter)
+        return adapter.venv
+
+    yield make
+    for adapter in opened:
+        adapter.shutdown()
+
+
+def test_blocking_vector_env_is_a_gymnasium_vector_env(make_blocking):
+    envs = make_blocking(space_env_fns(2))
+    assert isinstance(envs, gymnasium.vector.VectorEnv)
+    assert envs.unwrapped is envs
+    assert envs.closed is False
+    envs.close()
+    assert envs.closed is True
+
+
+def _cleanrl_loop(envs, steps: int, seed: int = 1):
+    """A CleanRL-style rollout; yields each step's result."""
+    envs.action_space.seed(seed)
+    obs, _ = envs.reset(seed=seed)
+    yield obs
+    for _ in range(steps):
+        yield envs.step(envs.action_space.sample())
+
+
+EPISODE_TIME = frozenset({("episode", "t")})  # wall-clock seconds: never equal
+
+
+@pytest.mark.parametrize(
+    "mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=["NextStep", "SameStep"]
+)
+def test_cleanrl_loop_with_record_episode_statistics(make_blocking, mode):
+    fns = space_env_fns(4, "box-discrete", min_len=3, max_len=25)
+    envs = RecordEpisodeStatistics(make_blocking(fns, autoreset_mode=mode))
+    with oracle_env(fns, autoreset_mode=mode) as sync:
+        oracle = RecordEpisodeStatistics(sync)
+        episodes = 0
+        for step, (actual, expected) in enumerate(
+            zip(_cleanrl_loop(envs, 200), _cleanrl_loop(oracle, 200), strict=True)
+        ):
+            if step == 0:
+                assert_same(actual, expected, ("obs",))
+                continue
+            assert_results_equal(actual, expected, ignore=EPISODE_TIME)
+            infos, expected_infos = actual[4], expected[4]
+            if "episode" in expected_infos:
+                done = expected_infos["_episode"]
+                episodes += int(done.sum())
+                t = infos["episode"]["t"]
+                assert t.shape == (4,)
+                assert (t[done] >= 0).all()
+                assert (t[~done] == 0).all()
+        assert episodes > 10
+        assert envs.episode_count == oracle.episode_count
+        assert list(envs.return_queue) == list(oracle.return_queue)
+        assert list(envs.length_queue) == list(oracle.length_queue)
+
+
+def test_normalize_reward(make_blocking):
+    fns = space_env_fns(3, "image-box", min_len=2, max_len=10)
+    envs = NormalizeReward(make_blocking(fns), gamma=0.9)
+    with oracle_env(fns) as sync:
+        oracle = NormalizeReward(sync, gamma=0.9)
+        for step, (actual, expected) in enumerate(
+            zip(_cleanrl_loop(envs, 60, seed=3), _cleanrl_loop(oracle, 60, seed=3), strict=True)
+        ):
+            if step:
+                assert_results_equal(actual, expected)
+            else:
+                assert_same(actual, expected)
+
+
+def test_clip_action(make_blocking):
+    fns = space_env_fns(3, "image-box", min_len=2, max_len=10)
+    envs = ClipAction(make_blocking(fns))
+    with oracle_env(fns) as sync:
+        oracle = ClipAction(sync)
+        rng = np.random.default_rng(0)
+        assert_results_equal(envs.reset(seed=5), oracle.reset(seed=5), ("obs", "infos"))
+        for _ in range(20):
+            actions = (rng.normal(size=(3, 2)) * 5).astype(np.float32)  # mostly out of bounds
+            assert_results_equal(envs.step(actions.copy()), oracle.step(actions.copy()))
+
+
+def test_sync_vector_env_script_runs_by_swapping_the_constructor(make_blocking):
+    """Plain-Python actions and the usual attribute reads, as scripts use SyncVectorEnv."""
+    fns = space_env_fns(3, "box-discrete", min_len=2, max_len=6)
+    envs = make_blocking(fns)
+    with oracle_env(fns) as oracle:
+        assert_spaces_equal(envs, oracle)
+        assert_results_equal(envs.reset(seed=2), oracle.reset(seed=2), ("obs", "infos"))
+        for i in range(10):
+            actions = [i % 3, (i + 1) % 3, (i + 2) % 3]  # a list, not an array
+            assert_results_equal(envs.step(list(actions)), oracle.step(list(actions)))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_blocking_works_inside_a_running_event_loop(backend):
+    """As in Jupyter: blocking calls made from code that runs on an event loop."""
+    fns = space_env_fns(3, "dict-tuple", min_len=1, max_len=4)
+    envs = open_front_end("blocking", fns, flavour="async", backend=backend)
+    try:
+        with oracle_env(fns) as oracle:
+            lock = Lockstep(envs, oracle, action_seed=4)
+            lock.reset(seed=9)
+            for _ in range(8):
+                lock.step()
+            lock.get_attr("tag")
+    finally:
+        envs.shutdown()
+    await asyncio.sleep(0)
+
+
+# --------------------------------------------------------------------------- aiovec.make
+
+
+def _drive_pair(actual_env, oracle, steps: int, seed: int) -> None:
+    space = copy.deepcopy(oracle.action_space)
+    space.seed(seed)
+    assert_results_equal(actual_env.reset(seed=seed), oracle.reset(seed=seed), ("obs", "infos"))
+    for _ in range(steps):
+        actions = space.sample()
+        assert_results_equal(actual_env.step(actions.copy()), oracle.step(actions.copy()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_make_blocking_cartpole_matches_make_vec(backend):
+    envs = aiovec.make("CartPole-v1", num_envs=4, blocking=True, backend=backend)
+    try:
+        assert isinstance(envs, aiovec.BlockingVectorEnv)
+        oracle = gymnasium.make_vec("CartPole-v1", 4, vectorization_mode="sync")
+        try:
+            assert_spaces_equal(envs, oracle)
+            _drive_pair(envs, oracle, 300, seed=42)
+        finally:
+            oracle.close()
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_make_passes_env_kwargs_and_wrappers(backend):
+    wrappers = [functools.partial(gymnasium.wrappers.TimeLimit, max_episode_steps=7)]
+    kwargs = {"sutton_barto_reward": True}
+    envs = aiovec.make(
+        "CartPole-v1", num_envs=3, blocking=True, backend=backend, wrappers=wrappers, **kwargs
+    )
+    try:
+        oracle = gymnasium.make_vec(
+            "CartPole-v1", 3, vectorization_mode="sync", wrappers=wrappers, **kwargs
+        )
+        try:
+            _drive_pair(envs, oracle, 40, seed=3)
+        finally:
+            oracle.close()
+    finally:
+        envs.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_make_await_returns_an_asyncio_vector_env(backend):
+    venv = aiovec.make("CartPole-v1", num_envs=2, blocking=False, backend=backend)
+    assert isinstance(venv, aiovec.AsyncioVectorEnv)
+    oracle = gymnasium.make_vec("CartPole-v1", 2, vectorization_mode="sync")
+    async with venv:
+        try:
+            space = copy.deepcopy(oracle.action_space)
+            space.seed(0)
+            assert_results_equal(await venv.reset(seed=1), oracle.reset(seed=1), ("obs", "infos"))
+            for _ in range(50):
+                actions = space.sample()
+                assert_results_equal(await venv.step(actions.copy()), oracle.step(actions.copy()))
+        finally:
+            oracle.close()
+    assert venv.closed
+
+
+@pytest.mark.asyncio
+async def test_make_default_is_the_await_api():
+    async with aiovec.make("CartPole-v1", num_envs=2) as venv:
+        assert isinstance(venv, aiovec.AsyncioVectorEnv)
+        assert venv.num_envs == 2
