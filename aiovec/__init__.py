@@ -6,8 +6,6 @@ Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
 ``gymnasium.vector.VectorEnv``.
 """
 
-from __future__ import annotations
-
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._env import AsyncEnv
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError

@@ -14,7 +14,7 @@ from typing import Any
 from aiovec._core.calls import CLOSE, new_step_flow
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._env import is_async_env
-from aiovec.backends._base import Backend, EnvTraits, build_envs
+from aiovec.backends._base import Backend, EnvTraits, build_envs, close_quietly
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
 from aiovec.backends._lanes import Lanes
 
@@ -29,7 +29,11 @@ class InlineBackend(Backend):
     ) -> None:
         super().__init__(env_fns, num_workers)
         self._envs = build_envs(env_fns)
-        self._is_async = [is_async_env(env) for env in self._envs]
+        try:
+            self._is_async = [is_async_env(env) for env in self._envs]
+        except TypeError:
+            close_quietly(self._envs)
+            raise
         self._any_async = any(self._is_async)
         self._flows: list[StepFlow | None] = [None] * self.num_envs
         self._lanes = Lanes(self.num_envs, self._finish)

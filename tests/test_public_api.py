@@ -1,0 +1,124 @@
+"""The public surface: names, modules, errors, lazy imports."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import gymnasium
+import pytest
+
+import aiovec
+
+PUBLIC = {
+    "AsyncEnv",
+    "AsyncioVectorEnv",
+    "BlockingVectorEnv",
+    "ClosedError",
+    "EnvError",
+    "EnvTimeoutError",
+    "StateError",
+    "WorkerDiedError",
+    "__version__",
+    "make",
+}
+
+
+def test_all_is_exactly_the_public_names():
+    assert isinstance(aiovec.__all__, tuple)
+    assert set(aiovec.__all__) == PUBLIC
+    public_attrs = {name for name in dir(aiovec) if not name.startswith("_")}
+    assert public_attrs - PUBLIC <= {"backends", "testing"}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC - {"__version__"}))
+def test_public_objects_live_in_aiovec(name):
+    assert getattr(aiovec, name).__module__ == "aiovec"
+
+
+def test_exception_tree():
+    assert issubclass(aiovec.EnvTimeoutError, aiovec.EnvError)
+    assert issubclass(aiovec.EnvTimeoutError, TimeoutError)
+    assert issubclass(aiovec.WorkerDiedError, aiovec.EnvError)
+    assert issubclass(aiovec.StateError, ValueError)
+    assert issubclass(aiovec.ClosedError, aiovec.StateError)
+    assert issubclass(aiovec.ClosedError, gymnasium.error.ClosedEnvironmentError)
+
+
+@pytest.mark.parametrize("cls", [aiovec.EnvError, aiovec.EnvTimeoutError, aiovec.WorkerDiedError])
+def test_env_errors_name_envs_and_pickle(cls):
+    error = cls({5: KeyError("x"), 2: ValueError("boom")}, "step()")
+    assert error.env_index == 2
+    assert list(error.errors) == [2, 5]
+    assert isinstance(error.__cause__, ValueError)
+    assert "env 2 failed in step()" in str(error)
+    assert "1 other env(s): 5" in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert copy.env_index == 2
+    assert str(copy) == str(error)
+
+
+def test_env_error_needs_a_failing_env():
+    with pytest.raises(ValueError, match="at least one"):
+        aiovec.EnvError({})
+
+
+def test_import_loads_no_backend_and_no_optional_dependency():
+    code = (
+        "import sys, aiovec; "
+        "print(sorted(m for m in sys.modules if m.startswith(('aiovec.backends.', 'ray', "
+        "'uvloop', 'anyio.from_thread'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded = set(eval(out.stdout))
+    assert loaded <= {"aiovec.backends._base"}
+
+
+@pytest.mark.parametrize("backend", ["thread", "process", "ray"])
+def test_backends_of_later_releases_say_so(backend):
+    with pytest.raises(NotImplementedError, match=backend):
+        aiovec.AsyncioVectorEnv([aiovec.testing.SpaceEnv], backend=backend)
+
+
+def test_on_error_restart_says_it_is_not_available_yet():
+    with pytest.raises(NotImplementedError, match="restart"):
+        aiovec.AsyncioVectorEnv([aiovec.testing.SpaceEnv], on_error="restart")
+
+
+def test_async_env_defaults_and_seeding():
+    class Env(aiovec.AsyncEnv[int, int]):
+        observation_space = gymnasium.spaces.Discrete(2)
+        action_space = gymnasium.spaces.Discrete(2)
+
+    import asyncio
+
+    env = Env()
+    asyncio.run(env.reset(seed=3))
+    first = env.np_random.integers(1000)
+    asyncio.run(env.reset(seed=3))
+    assert env.np_random.integers(1000) == first
+    assert env.np_random_seed == 3
+    assert asyncio.run(env.render()) is None
+    assert asyncio.run(env.close()) is None
+    with pytest.raises(NotImplementedError, match="step"):
+        asyncio.run(env.step(0))
+    assert env.unwrapped is env
+
+
+def test_mixed_protocol_envs_are_refused():
+    class Mixed:
+        observation_space = gymnasium.spaces.Discrete(2)
+        action_space = gymnasium.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return 0, {}
+
+        async def step(self, action):
+            return 0, 0.0, False, False, {}
+
+    with pytest.raises(TypeError, match="mixes protocols"):
+        aiovec.AsyncioVectorEnv([Mixed])
