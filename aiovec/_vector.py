@@ -204,7 +204,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         op = StepOp(self.autoreset_mode, per_env, reset_first)
         results = await self._run(self._all, op, breaks=True)
         batch = self._batcher.step_batch(self._all, results)
-        self._autoreset.stepped(None, batch[2] | batch[3])
+        self._autoreset.stepped(None, batch[2], batch[3])
         self._life.state = State.READY
         return batch
 

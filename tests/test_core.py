@@ -114,7 +114,7 @@ def test_autoreset_is_a_reset_without_seed_or_options():
 def test_next_step_plans_a_reset_for_envs_that_ended():
     state = AutoresetState(AutoresetMode.NEXT_STEP, 3)
     assert state.plan() == [False, False, False]
-    state.stepped(None, np.array([False, True, False]))
+    state.stepped(None, np.array([False, True, False]), np.zeros(3, bool))
     assert state.plan() == [False, True, False]
     state.was_reset(np.array([False, True, False]))
     assert state.plan() == [False, False, False]
@@ -122,13 +122,13 @@ def test_next_step_plans_a_reset_for_envs_that_ended():
 
 def test_same_step_never_plans_a_reset():
     state = AutoresetState(AutoresetMode.SAME_STEP, 2)
-    state.stepped(None, np.array([True, True]))
+    state.stepped(None, np.array([True, False]), np.array([False, True]))
     assert state.plan() == [False, False]
 
 
 def test_disabled_refuses_to_step_an_ended_env_and_names_it():
     state = AutoresetState(AutoresetMode.DISABLED, 4)
-    state.stepped(None, np.array([False, False, True, False]))
+    state.stepped(None, np.zeros(4, bool), np.array([False, False, True, False]))
     with pytest.raises(StateError, match=r"\[2\].*reset_mask"):
         state.plan()
     state.was_reset(np.array([False, False, True, False]))
@@ -137,7 +137,7 @@ def test_disabled_refuses_to_step_an_ended_env_and_names_it():
 
 def test_full_reset_clears_every_ended_flag():
     state = AutoresetState(AutoresetMode.NEXT_STEP, 2)
-    state.stepped(None, np.array([True, True]))
+    state.stepped(None, np.array([True, False]), np.array([False, True]))
     state.was_reset(None)
     assert state.plan() == [False, False]
 

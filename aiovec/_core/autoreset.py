@@ -24,7 +24,7 @@ class AutoresetState:
 
     def __init__(self, mode: AutoresetMode, num_envs: int) -> None:
         self.mode = mode
-        self.ended = np.zeros(num_envs, dtype=np.bool_)
+        self.ended: list[bool] = [False] * num_envs
 
     def plan(self, indices: Sequence[int] | None = None) -> list[bool]:
         """``reset_first`` for each env about to step (all envs when ``indices`` is None).
@@ -33,31 +33,34 @@ class AutoresetState:
             StateError: In ``DISABLED`` mode, when an env that ended would be
                 stepped without having been reset.
         """
-        ended = self.ended if indices is None else self.ended[list(indices)]
+        ended = self.ended if indices is None else [self.ended[i] for i in indices]
         if self.mode is AutoresetMode.NEXT_STEP:
-            return ended.tolist()  # type: ignore[no-any-return]
-        if self.mode is AutoresetMode.DISABLED and ended.any():
-            envs = (
-                np.flatnonzero(self.ended) if indices is None else np.asarray(indices)[ended]
-            ).tolist()
+            return ended
+        if self.mode is AutoresetMode.DISABLED and any(ended):
+            envs = [i for i, e in zip(indices or range(len(ended)), ended, strict=True) if e]
             raise StateError(
                 f"env(s) {envs} ended on their last step and autoreset_mode is DISABLED: "
                 "reset them first with reset(options={'reset_mask': mask})"
             )
         return [False] * len(ended)
 
-    def stepped(self, indices: Sequence[int] | None, ended: np.ndarray) -> None:
+    def stepped(
+        self, indices: Sequence[int] | None, terminations: np.ndarray, truncations: np.ndarray
+    ) -> None:
         """Record the envs' episode ends after a step (``SAME_STEP`` already reset them)."""
         if self.mode is AutoresetMode.SAME_STEP:
             return
+        ended: list[bool] = (terminations | truncations).tolist()
         if indices is None:
             self.ended = ended
         else:
-            self.ended[list(indices)] = ended
+            for i, e in zip(indices, ended, strict=True):
+                self.ended[i] = e
 
     def was_reset(self, mask: np.ndarray | None) -> None:
         """Record a reset of the masked envs (all when ``mask`` is None)."""
         if mask is None:
-            self.ended = np.zeros_like(self.ended)
+            self.ended = [False] * len(self.ended)
         else:
-            self.ended[mask] = False
+            for i in np.flatnonzero(mask).tolist():
+                self.ended[i] = False

@@ -17,7 +17,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from aiovec._core.calls import Transition
-from aiovec._core.validate import check_actions
+from aiovec._core.validate import action_checker
 
 __all__ = ("Batcher", "StepBatch", "copy_batch")
 
@@ -71,6 +71,10 @@ class Batcher:
         self.copy = copy
         self._buffer: Any = create_empty_array(observation_space, n=num_envs, fn=np.zeros)
         self._env_obs: list[Any] = [None] * num_envs
+        # gymnasium's implementations for these spaces, resolved once (not per call)
+        self._concatenate = concatenate.dispatch(type(observation_space))
+        self._iterate = iterate.dispatch(type(self.action_space))
+        self._check_actions = action_checker(action_space, num_envs)
         # gymnasium's own info merge, bound once (its ``self`` only needs num_envs)
         self._merge: Callable[[dict[str, Any], dict[str, Any], int], dict[str, Any]] = cast(
             Any, _InfoMerger(num_envs)
@@ -80,8 +84,8 @@ class Batcher:
 
     def split_actions(self, actions: Any) -> list[Any]:
         """Check a batch of actions and split it into one action per env."""
-        check_actions(self.single_action_space, actions, self.num_envs, "actions")
-        return list(iterate(self.action_space, actions))
+        self._check_actions(actions)
+        return list(self._iterate(self.action_space, actions))
 
     # -- results ---------------------------------------------------------------
 
@@ -100,20 +104,24 @@ class Batcher:
 
     def step_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
         """Batch the transitions of every env (``indices`` is ``range(num_envs)``)."""
-        n = len(indices)
+        # Transpose in C (zip), then touch per env only what needs Python.
+        obs, rewards, terminations, truncations, infos_, finals = zip(
+            *map(results.__getitem__, indices), strict=True
+        )
         env_obs = self._env_obs
-        rewards: list[Any] = [0.0] * n
-        terminations: list[Any] = [False] * n
-        truncations: list[Any] = [False] * n
+        if len(indices) == self.num_envs:
+            env_obs[:] = obs
+        else:
+            for i, o in zip(indices, obs, strict=True):
+                env_obs[i] = o
         merge = self._merge
         infos: dict[str, Any] = {}
-        for k, i in enumerate(indices):
-            obs, rewards[k], terminations[k], truncations[k], info, final = results[i]
-            env_obs[i] = obs
-            if final is not None:
-                infos = merge(infos, final, i)
-            if info:
-                infos = merge(infos, info, i)
+        if any(infos_) or any(finals):  # many envs return no info at all
+            for i, info, final in zip(indices, infos_, finals, strict=True):
+                if final is not None:
+                    infos = merge(infos, final, i)
+                if info:
+                    infos = merge(infos, info, i)
         return (
             self._observations(),
             np.array(rewards, dtype=np.float64),
@@ -123,8 +131,11 @@ class Batcher:
         )
 
     def _observations(self) -> Any:
-        self._buffer = concatenate(self.single_observation_space, self._env_obs, self._buffer)
-        return copy_batch(self._buffer) if self.copy else self._buffer
+        self._buffer = self._concatenate(self.single_observation_space, self._env_obs, self._buffer)
+        buffer = self._buffer
+        if not self.copy:
+            return buffer
+        return buffer.copy() if type(buffer) is np.ndarray else copy_batch(buffer)
 
     def gather(self, indices: Sequence[int], results: Mapping[int, Any]) -> tuple[Any, ...]:
         """Per-env results of a broadcast call, as a tuple ordered by env index."""

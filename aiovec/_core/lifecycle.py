@@ -23,6 +23,10 @@ __all__ = ("Lifecycle", "Op", "State")
 class State(enum.Enum):
     """Where a vector env is in its life."""
 
+    # Members are singletons: identity hashing is exact, and C-speed (Enum's own
+    # __hash__ is Python code, and the table is consulted on every call).
+    __hash__ = object.__hash__
+
     NEEDS_RESET = "needs a first reset"
     READY = "ready"
     BUSY = "busy"
@@ -32,6 +36,10 @@ class State(enum.Enum):
 
 class Op(enum.Enum):
     """The calls the table governs."""
+
+    # Members are singletons: identity hashing is exact, and C-speed (Enum's own
+    # __hash__ is Python code, and the table is consulted on every call).
+    __hash__ = object.__hash__
 
     RESET = "reset()"
     RESET_MASK = "reset(options={'reset_mask': ...})"

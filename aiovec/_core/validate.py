@@ -19,6 +19,7 @@ from gymnasium.vector import AutoresetMode
 __all__ = (
     "BACKENDS",
     "ON_ERROR",
+    "action_checker",
     "check_actions",
     "check_autoreset_mode",
     "check_choice",
@@ -204,49 +205,76 @@ _KINDS: dict[type[spaces.Space[Any]], tuple[str, str]] = {
 
 
 def check_actions(space: spaces.Space[Any], actions: object, num_envs: int, path: str) -> None:
-    """Check a batch of actions against the *single* action space.
+    """Check a batch of actions against the *single* action space (see :func:`action_checker`)."""
+    action_checker(space, num_envs, path)(actions)
+
+
+def action_checker(
+    space: spaces.Space[Any], num_envs: int, path: str = "actions"
+) -> Callable[[object], None]:
+    """A function checking batches of actions for ``space`` (built once per vector env).
 
     Shapes and dtypes are checked for the fundamental spaces (recursively
     through Dict and Tuple); other spaces only need one action per env.
     Values are not checked against bounds, as gymnasium does not.
     """
     if isinstance(space, spaces.Dict):
-        if not isinstance(actions, Mapping):
-            raise TypeError(f"{path} must be a dict of batched actions, got {describe(actions)}")
-        if set(actions) != set(space.spaces):
-            raise ValueError(
-                f"{path} must have keys {sorted(space.spaces)}, got keys {sorted(actions)}"
-            )
-        for key, sub in space.spaces.items():
-            check_actions(sub, actions[key], num_envs, f"{path}[{key!r}]")
-        return
+        return _dict_checker(space.spaces, num_envs, path)
     if isinstance(space, spaces.Tuple):
-        if not isinstance(actions, tuple | list) or len(actions) != len(space.spaces):
-            raise TypeError(
-                f"{path} must be a tuple of {len(space.spaces)} batched actions, "
-                f"got {describe(actions)}"
-            )
-        for k, sub in enumerate(space.spaces):
-            check_actions(sub, actions[k], num_envs, f"{path}[{k}]")
-        return
+        return _tuple_checker(space.spaces, num_envs, path)
     kinds = _KINDS.get(type(space))
     if kinds is None:
-        _check_length(actions, num_envs, path)
-        return
-    array = np.asarray(actions)
+        return lambda actions: _check_length(actions, num_envs, path)
     expected = (num_envs, *(space.shape or ()))
-    if array.shape != expected:
-        got = array.shape if array.ndim else "a scalar"
-        hint = ""
-        if array.ndim and array.shape[0] != num_envs:
-            hint = f" (one action per env: num_envs={num_envs})"
-        raise ValueError(f"{path} must have shape {expected}{hint}, got {got}")
     allowed, words = kinds
-    if array.dtype.kind not in allowed:
-        raise TypeError(
-            f"{path} for a {type(space).__name__} action space must hold {words}, "
-            f"got dtype {array.dtype}"
-        )
+
+    def check(actions: object) -> None:
+        array = np.asarray(actions)
+        if array.shape != expected:
+            got = array.shape if array.ndim else "a scalar"
+            hint = ""
+            if array.ndim and array.shape[0] != num_envs:
+                hint = f" (one action per env: num_envs={num_envs})"
+            raise ValueError(f"{path} must have shape {expected}{hint}, got {got}")
+        if array.dtype.kind not in allowed:
+            raise TypeError(
+                f"{path} for a {type(space).__name__} action space must hold {words}, "
+                f"got dtype {array.dtype}"
+            )
+
+    return check
+
+
+def _dict_checker(
+    parts: Mapping[str, spaces.Space[Any]], num_envs: int, path: str
+) -> Callable[[object], None]:
+    subs = {k: action_checker(sub, num_envs, f"{path}[{k!r}]") for k, sub in parts.items()}
+
+    def check(actions: object) -> None:
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"{path} must be a dict of batched actions, got {describe(actions)}")
+        if set(actions) != set(subs):
+            raise ValueError(f"{path} must have keys {sorted(subs)}, got keys {sorted(actions)}")
+        for key, sub in subs.items():
+            sub(actions[key])
+
+    return check
+
+
+def _tuple_checker(
+    parts: Sequence[spaces.Space[Any]], num_envs: int, path: str
+) -> Callable[[object], None]:
+    subs = [action_checker(sub, num_envs, f"{path}[{k}]") for k, sub in enumerate(parts)]
+
+    def check(actions: object) -> None:
+        if not isinstance(actions, tuple | list) or len(actions) != len(subs):
+            raise TypeError(
+                f"{path} must be a tuple of {len(subs)} batched actions, got {describe(actions)}"
+            )
+        for sub, part in zip(subs, actions, strict=True):
+            sub(part)
+
+    return check
 
 
 def _check_length(actions: object, num_envs: int, path: str) -> None:

@@ -37,9 +37,11 @@ _Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
 _enter_task: _Swap | None = getattr(_asyncio_tasks, "_enter_task", None)
 _leave_task: _Swap | None = getattr(_asyncio_tasks, "_leave_task", None)
 
-__all__ = ("Lanes",)
+__all__ = ("PENDING", "Lanes")
 
 _FRESH = object()  # marks a coroutine the lane must start itself
+PENDING: Any = object()
+"""Returned by :meth:`Lanes.start` for a coroutine that suspended."""
 
 OnDone = Callable[[int, Any, BaseException | None], None]
 
@@ -54,18 +56,16 @@ class Lanes:
         self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
         self._contexts: list[contextvars.Context | None] = [None] * num_envs
 
-    def start(
-        self, i: int, coro: Coroutine[Any, Any, Any]
-    ) -> tuple[bool, Any, BaseException | None]:
+    def start(self, i: int, coro: Coroutine[Any, Any, Any]) -> Any:
         """Drive ``coro`` eagerly on env ``i``'s lane.
 
         Must be called from code running in the event loop, between
         :meth:`enter` and :meth:`leave`.
 
         Returns:
-            ``(True, value, error)`` when the coroutine finished eagerly, else
-            ``(False, None, None)``: it carries on in the lane and its result
-            arrives through ``on_done``.
+            The coroutine's value when it finished eagerly (its exception
+            propagates), else :data:`PENDING`: it carries on in the lane and
+            its outcome arrives through ``on_done``.
         """
         task = self._tasks[i]
         if task is None or task.done():
@@ -75,21 +75,17 @@ class Lanes:
         if _enter_task is None or _leave_task is None:  # cannot swap: the lane starts it
             yielded: Any = _FRESH
         else:
-            context = self._contexts[i]
-            assert context is not None
             _enter_task(loop, task)
             try:
-                yielded = context.run(coro.send, None)
+                yielded = self._contexts[i].run(coro.send, None)  # type: ignore[union-attr]
             except StopIteration as stop:
-                return True, stop.value, None
-            except BaseException as exc:
-                return True, None, exc
+                return stop.value
             finally:
                 _leave_task(loop, task)
         wake = self._wakes[i]
         assert wake is not None
         wake.set_result((coro, yielded))
-        return False, None, None
+        return PENDING
 
     def enter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
         """Prepare to start coroutines from ``loop``; returns the caller's task to restore."""

@@ -8,7 +8,7 @@ all, and envs that wait overlap their waits.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiovec._core.calls import CLOSE, new_step_flow
@@ -16,7 +16,7 @@ from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._env import is_async_env
 from aiovec.backends._base import Backend, EnvTraits, build_envs, close_quietly
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
-from aiovec.backends._lanes import Lanes
+from aiovec.backends._lanes import PENDING, Lanes
 
 __all__ = ("InlineBackend",)
 
@@ -46,58 +46,50 @@ class InlineBackend(Backend):
 
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Run ``op``: sync envs to completion now, async envs eagerly until they wait."""
-        if isinstance(op, StepOp) and not self._any_async:
-            self._step_all_sync(indices, op)
-            return
-        envs, is_async, lanes, flows = self._envs, self._is_async, self._lanes, self._flows
+        envs, flows, results = self._envs, self._flows, self._results
+        if not isinstance(op, StepOp):
+            self._run_each(
+                (i, perform_sync, perform_async, (envs[i], call))
+                for i, call in zip(indices, op.calls, strict=True)
+            )
+        elif self._any_async:
+            self._run_each(
+                (i, step_sync, step_async, (envs[i], flows[i] or self._new_flow(i, op), rf, a))
+                for i, rf, a in zip(indices, op.reset_first, op.actions, strict=True)
+            )
+        else:  # the hot path of synchronous envs: one tight loop
+            for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
+                try:
+                    flow = flows[i] or self._new_flow(i, op)
+                    results[i] = step_sync(envs[i], flow, first, action)
+                except BaseException as exc:
+                    self._fail(i, exc)
+
+    def _run_each(self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]]) -> None:
+        """Run each ``(i, sync_fn, async_fn, args)``: sync envs now, async ones eagerly."""
+        is_async, lanes, results = self._is_async, self._lanes, self._results
         loop: asyncio.AbstractEventLoop | None = None
         caller = None
         try:
-            for k, i in enumerate(indices):
-                env = envs[i]
-                if isinstance(op, StepOp):
-                    flow = flows[i] or self._new_flow(i, op)
-                if not is_async[i]:
-                    try:
-                        if isinstance(op, StepOp):
-                            value = step_sync(env, flow, op.reset_first[k], op.actions[k])
-                        else:
-                            value = perform_sync(env, op.calls[k])
-                    except BaseException as exc:
-                        self._fail(i, exc)
-                    else:
-                        self._results[i] = value
+            for i, sync_fn, async_fn, args in jobs:
+                try:
+                    if not is_async[i]:
+                        results[i] = sync_fn(*args)
+                        continue
+                    if loop is None:
+                        loop = asyncio.get_running_loop()
+                        caller = lanes.enter(loop)
+                    value = lanes.start(i, async_fn(*args))
+                except BaseException as exc:
+                    self._fail(i, exc)
                     continue
-                if loop is None:
-                    loop = asyncio.get_running_loop()
-                    caller = lanes.enter(loop)
-                coro = (
-                    step_async(env, flow, op.reset_first[k], op.actions[k])
-                    if isinstance(op, StepOp)
-                    else perform_async(env, op.calls[k])
-                )
-                done, value, error = lanes.start(i, coro)
-                if not done:
+                if value is PENDING:
                     self.pending.add(i)
-                elif error is None:
-                    self._results[i] = value
                 else:
-                    self._fail(i, error)
+                    results[i] = value
         finally:
             if loop is not None:
                 lanes.leave(caller)
-
-    def _step_all_sync(self, indices: Sequence[int], op: StepOp) -> None:
-        # The hot path of synchronous envs: one tight loop, nothing else.
-        envs, flows, results = self._envs, self._flows, self._results
-        actions, reset_first = op.actions, op.reset_first
-        for k, i in enumerate(indices):
-            try:
-                results[i] = step_sync(
-                    envs[i], flows[i] or self._new_flow(i, op), reset_first[k], actions[k]
-                )
-            except BaseException as exc:
-                self._fail(i, exc)
 
     def _new_flow(self, i: int, op: StepOp) -> StepFlow:
         flow = self._flows[i] = new_step_flow(op.mode)

@@ -1,0 +1,953 @@
+"""A loopback game server and the client envs that play on it.
+
+Theory of operation
+-------------------
+This module is a real *network env* for tests, examples and benchmarks: the
+game runs in a server, and each env is a client paying one round trip per
+``reset``/``step``, like an env that talks to a remote simulator.  Four small
+layers, the first two pure (no sockets, no event loop):
+
+1. **The game** (:class:`ChaseGame`).  A runner chases a wandering target on a
+   grid.  Everything random comes from the generator handed to ``reset``, so
+   the same seed and actions replay the same episodes anywhere.
+   :class:`LocalGameEnv` is the game as a plain ``gymnasium.Env``: the oracle
+   that remote envs are checked against.
+2. **The protocol.**  A frame is a 4-byte big-endian length and a UTF-8 JSON
+   object with a ``"type"``.  The length is checked against
+   ``max_message_bytes`` *before* the body is read; the body is checked
+   against a schema table (``_REQUESTS`` on the server, ``_REPLIES`` on the
+   clients).  Anything wrong raises :class:`ProtocolError` naming the problem.
+   Observations travel as JSON numbers (Python writes the shortest repr that
+   round-trips), so float32 values arrive bit-identical::
+
+       type   client -> server                  server -> client
+       hello  version                           version, game (spaces, size, max_steps)
+       reset  seed (int|null), options (obj|null)  obs, info
+       step   action (int)                      obs, reward, terminated, truncated, info
+       error  -                                 message; then the server hangs up
+
+   A :class:`_Session` (one connection's game and generator) turns a decoded
+   request into a reply, or raises :class:`ProtocolError`.
+3. **The server** (:class:`GameServer`).  asyncio streams on 127.0.0.1, one
+   task and one session per connection.  Each ``reset``/``step`` reply waits
+   ``latency`` (+ seeded ``jitter``) seconds.  Any protocol error gets an
+   ``error`` reply and that connection closed; other sessions never notice.
+   Tests make failures with :meth:`GameServer.drop_all` and
+   :meth:`GameServer.pause_accepting`; :meth:`GameServer.start_in_thread` runs
+   the server on its own thread and loop for synchronous code.
+4. **The clients.**  :class:`GameClientEnv` (an :class:`aiovec.AsyncEnv` over
+   asyncio streams) and :class:`BlockingGameClientEnv` (a ``gymnasium.Env``
+   over a blocking socket) build requests and read replies with the same
+   functions; only the moving of bytes differs.  Both connect on the first
+   ``reset``.  Any failure in a round trip (an error, a timeout, a
+   cancellation) drops the connection, because the stream may be out of step.
+   The next ``reset`` reconnects.
+
+Only loopback addresses are ever used: the server binds 127.0.0.1, and the
+clients refuse any host that is not a loopback IP literal.
+
+Example:
+    >>> async with GameServer(latency=0.01) as server:  # doctest: +SKIP
+    ...     fns = [lambda: GameClientEnv(port=server.port)] * 64
+    ...     async with aiovec.AsyncioVectorEnv(fns) as venv:
+    ...         obs, infos = await venv.reset(seed=0)  # one round trip, not 64
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import operator
+import random
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Final, Self, SupportsIndex, TypeVar
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.error import ResetNeeded
+from gymnasium.utils import seeding
+from numpy.typing import NDArray
+
+from aiovec._env import AsyncEnv
+
+__all__ = (
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "LOOPBACK",
+    "PROTOCOL_VERSION",
+    "BlockingGameClientEnv",
+    "ChaseGame",
+    "GameClientEnv",
+    "GameServer",
+    "LocalGameEnv",
+    "ProtocolError",
+    "ServerStats",
+    "ServerThread",
+    "game_spaces",
+)
+
+T = TypeVar("T")
+Obs = NDArray[np.float32]
+Message = dict[str, Any]
+StepResult = tuple[Obs, float, bool, bool, dict[str, Any]]
+
+PROTOCOL_VERSION: Final = 1
+LOOPBACK: Final = "127.0.0.1"
+DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024
+_HEADER: Final = struct.Struct(">I")
+
+
+class ProtocolError(ConnectionError):
+    """A peer broke the game protocol, or the server answered ``error``.
+
+    The message says what was wrong (malformed frame, oversized frame, unknown
+    message type, wrong fields, ...).  The connection is closed afterwards.
+    """
+
+
+# --------------------------------------------------------------------------- the game
+
+_MOVES: Final = ((0, 0), (0, 1), (0, -1), (-1, 0), (1, 0))  # stay, up, down, left, right
+_OBS_SIZE: Final = 4
+_SPACES: Final = {
+    "observation": {"low": 0.0, "high": 1.0, "shape": [_OBS_SIZE], "dtype": "float32"},
+    "action": {"n": len(_MOVES)},
+}
+CATCH_REWARD: Final = 1.0
+STEP_REWARD: Final = -0.01
+
+
+def game_spaces() -> tuple[spaces.Space[Obs], spaces.Discrete]:
+    """Fresh copies of the game's spaces (the same for every grid size).
+
+    Returns:
+        ``Box(0, 1, (4,), float32)`` observations and ``Discrete(5)`` actions.
+    """
+    box: spaces.Space[Any] = spaces.Box(0.0, 1.0, (_OBS_SIZE,), np.float32)
+    return box, spaces.Discrete(len(_MOVES))
+
+
+def _action_index(action: SupportsIndex) -> int:
+    """``action`` as a valid move index (accepts ``int`` and numpy integers)."""
+    index = operator.index(action)
+    if not 0 <= index < len(_MOVES):
+        raise ValueError(f"action must be in [0, {len(_MOVES)}), got {index}")
+    return index
+
+
+class ChaseGame:
+    """Catch a target that wanders on a ``size`` x ``size`` grid (pure logic, no I/O).
+
+    Observation: ``[runner_x, runner_y, target_x, target_y] / (size - 1)`` as
+    float32.  Actions: 0 stay, 1 up, 2 down, 3 left, 4 right; moves off the
+    grid are clipped.  After the runner moves, an uncaught target makes a
+    random move (staying is one of the five).  Reward ``1.0`` on the catch,
+    which terminates, ``-0.01`` otherwise; truncated after ``max_steps``
+    steps.  Info: ``{"steps": int, "distance": int}`` (Manhattan distance).
+
+    Args:
+        size: Side of the grid (at least 2).
+        max_steps: Steps before the episode is truncated (at least 1).
+    """
+
+    def __init__(self, size: int = 8, max_steps: int = 200) -> None:
+        if size < 2 or max_steps < 1:
+            raise ValueError(f"need size >= 2 and max_steps >= 1, got {size=}, {max_steps=}")
+        self.size, self.max_steps = size, max_steps
+        self.runner = self.target = (0, 0)
+        self.steps = 0
+        self._rng: np.random.Generator | None = None
+
+    def reset(self, rng: np.random.Generator) -> tuple[Obs, dict[str, Any]]:
+        """Start an episode; ``rng`` places the pieces and moves the target from now on."""
+        self._rng = rng
+        runner, target = rng.choice(self.size**2, size=2, replace=False)
+        self.runner = divmod(int(runner), self.size)
+        self.target = divmod(int(target), self.size)
+        self.steps = 0
+        return self._observe(), self._info()
+
+    def step(self, action: SupportsIndex) -> StepResult:
+        """Move the runner, then the target if it is not caught."""
+        if self._rng is None:
+            raise ResetNeeded("ChaseGame.step() called before reset()")
+        self.runner = self._moved(self.runner, _action_index(action))
+        caught = self.runner == self.target
+        if not caught:
+            self.target = self._moved(self.target, int(self._rng.integers(len(_MOVES))))
+            caught = self.runner == self.target
+        self.steps += 1
+        truncated = not caught and self.steps >= self.max_steps
+        reward = CATCH_REWARD if caught else STEP_REWARD
+        return self._observe(), reward, caught, truncated, self._info()
+
+    def _moved(self, position: tuple[int, int], move: int) -> tuple[int, int]:
+        (x, y), (dx, dy), last = position, _MOVES[move], self.size - 1
+        return min(max(x + dx, 0), last), min(max(y + dy, 0), last)
+
+    def _observe(self) -> Obs:
+        cells = np.array([*self.runner, *self.target], dtype=np.float32)
+        return cells / np.float32(self.size - 1)
+
+    def _info(self) -> dict[str, Any]:
+        distance = sum(abs(a - b) for a, b in zip(self.runner, self.target, strict=True))
+        return {"steps": self.steps, "distance": distance}
+
+
+class LocalGameEnv(gymnasium.Env[Obs, np.int64]):
+    """:class:`ChaseGame` as a plain ``gymnasium.Env``: the oracle for the remote envs.
+
+    Args:
+        size: Side of the grid.
+        max_steps: Steps before truncation.
+    """
+
+    def __init__(self, size: int = 8, max_steps: int = 200) -> None:
+        self.game = ChaseGame(size, max_steps)
+        self.observation_space, self.action_space = game_spaces()
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Obs, dict[str, Any]]:
+        """Start an episode (``options`` are accepted and ignored, as by the server)."""
+        super().reset(seed=seed)
+        return self.game.reset(self.np_random)
+
+    def step(self, action: SupportsIndex) -> StepResult:
+        """Play one move."""
+        return self.game.step(action)
+
+
+# --------------------------------------------------------------------------- the protocol
+
+_Fields = Mapping[str, tuple[type, ...]]
+_NUMBER: Final = (int, float)
+_REQUESTS: Final[Mapping[str, _Fields]] = {
+    "hello": {"version": (int,)},
+    "reset": {"seed": (int, type(None)), "options": (dict, type(None))},
+    "step": {"action": (int,)},
+}
+_REPLIES: Final[Mapping[str, _Fields]] = {
+    "hello": {"version": (int,), "game": (dict,)},
+    "reset": {"obs": (list,), "info": (dict,)},
+    "step": {
+        "obs": (list,),
+        "reward": _NUMBER,
+        "terminated": (bool,),
+        "truncated": (bool,),
+        "info": (dict,),
+    },
+    "error": {"message": (str,)},
+}
+
+
+def _encode(message: Message) -> bytes:
+    """One frame: the 4-byte big-endian length, then compact JSON."""
+    payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    return _HEADER.pack(len(payload)) + payload
+
+
+def _frame_length(header: bytes, max_bytes: int) -> int:
+    """The announced payload length, refused if over ``max_bytes`` (body not read yet)."""
+    (length,) = _HEADER.unpack(header)
+    if length > max_bytes:
+        raise ProtocolError(
+            f"oversized frame: {length} bytes announced, max_message_bytes is {max_bytes}"
+        )
+    return int(length)
+
+
+def _cut_frame(got: int, size: int) -> ConnectionResetError:
+    return ConnectionResetError(f"connection closed in the middle of a frame ({got}/{size} bytes)")
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _decode(payload: bytes, schema: Mapping[str, _Fields]) -> Message:
+    """Parse and check one payload against ``schema`` (type -> field types)."""
+    try:
+        message = json.loads(payload, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and NaN errors are ValueErrors
+        raise ProtocolError(f"malformed frame: not valid UTF-8 JSON ({exc})") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ProtocolError("malformed frame: expected a JSON object with a string 'type'")
+    fields = schema.get(message["type"])
+    if fields is None:
+        raise ProtocolError(
+            f"unknown message type {message['type']!r:.40} (expected one of {sorted(schema)})"
+        )
+    _check_fields(message, fields)
+    return message
+
+
+def _check_fields(message: Message, fields: _Fields) -> None:
+    kind, got = message["type"], sorted(set(message) - {"type"})
+    if got != sorted(fields):
+        raise ProtocolError(
+            f"wrong fields in {kind!r} message: expected {sorted(fields)}, got {got}"
+        )
+    for name, types in fields.items():
+        value = message[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            expected = " or ".join(t.__name__ for t in types)
+            raise ProtocolError(
+                f"wrong field in {kind!r} message: {name!r} must be {expected}, got {value!r:.40}"
+            )
+
+
+class _Session:
+    """One connection's game: decoded request in, reply message out (no I/O).
+
+    Raises:
+        ProtocolError: For a request that is not allowed now or has bad values.
+    """
+
+    def __init__(self, size: int, max_steps: int) -> None:
+        self.game = ChaseGame(size, max_steps)
+        self.rng: np.random.Generator | None = None
+        self.greeted = False
+
+    def handle(self, request: Message) -> Message:
+        kind = request["type"]
+        if self.greeted == (kind == "hello"):
+            raise ProtocolError(f"'hello' must come first and once, got {kind!r}")
+        handler = {"hello": self._hello, "reset": self._reset, "step": self._step}[kind]
+        return handler(request)
+
+    def _hello(self, request: Message) -> Message:
+        if request["version"] != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"unsupported protocol version {request['version']} "
+                f"(this server speaks {PROTOCOL_VERSION})"
+            )
+        self.greeted = True
+        game = {"size": self.game.size, "max_steps": self.game.max_steps, "spaces": _SPACES}
+        return {"type": "hello", "version": PROTOCOL_VERSION, "game": game}
+
+    def _reset(self, request: Message) -> Message:
+        seed = request["seed"]
+        if seed is not None and seed < 0:
+            raise ProtocolError(f"seed must be a non-negative int, got {seed}")
+        if seed is not None or self.rng is None:  # as gymnasium.Env.reset seeds np_random
+            self.rng, _ = seeding.np_random(seed)
+        obs, info = self.game.reset(self.rng)
+        return {"type": "reset", "obs": obs.tolist(), "info": info}
+
+    def _step(self, request: Message) -> Message:
+        if self.rng is None:
+            raise ProtocolError("'step' before the first 'reset'")
+        try:
+            obs, reward, terminated, truncated, info = self.game.step(request["action"])
+        except ValueError as exc:
+            raise ProtocolError(f"bad 'step' message: {exc}") from None
+        return {
+            "type": "step",
+            "obs": obs.tolist(),
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "info": info,
+        }
+
+
+# Client side: building requests and reading replies, shared by both clients.
+
+
+def _hello_request() -> bytes:
+    return _encode({"type": "hello", "version": PROTOCOL_VERSION})
+
+
+def _reset_request(seed: int | None, options: dict[str, Any] | None) -> bytes:
+    seed = None if seed is None else operator.index(seed)
+    return _encode({"type": "reset", "seed": seed, "options": options})
+
+
+def _step_request(action: SupportsIndex) -> bytes:
+    return _encode({"type": "step", "action": _action_index(action)})
+
+
+def _reply(payload: bytes | None, expected: str, where: str) -> Message:
+    """The checked reply of type ``expected``; raises for anything else."""
+    if payload is None:
+        raise ConnectionResetError(f"game server at {where} closed the connection")
+    message = _decode(payload, _REPLIES)
+    if message["type"] == "error":
+        raise ProtocolError(f"game server at {where} replied with an error: {message['message']}")
+    if message["type"] != expected:
+        raise ProtocolError(f"expected a {expected!r} reply, got {message['type']!r}")
+    return message
+
+
+def _check_hello(reply: Message) -> dict[str, Any]:
+    """The server's game parameters, once its version and spaces match ours."""
+    if reply["version"] != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"server speaks protocol version {reply['version']}, this client {PROTOCOL_VERSION}"
+        )
+    game: dict[str, Any] = reply["game"]
+    if game.get("spaces") != _SPACES:
+        raise ProtocolError(f"server's spaces {game.get('spaces')!r:.80} differ from {_SPACES}")
+    return game
+
+
+def _observation(values: list[Any]) -> Obs:
+    numbers = all(isinstance(v, _NUMBER) and not isinstance(v, bool) for v in values)
+    if len(values) != _OBS_SIZE or not numbers:
+        raise ProtocolError(
+            f"malformed observation: expected {_OBS_SIZE} numbers, got {values!r:.60}"
+        )
+    return np.array(values, dtype=np.float32)
+
+
+def _reset_result(reply: Message) -> tuple[Obs, dict[str, Any]]:
+    return _observation(reply["obs"]), reply["info"]
+
+
+def _step_result(reply: Message) -> StepResult:
+    obs = _observation(reply["obs"])
+    return obs, float(reply["reward"]), reply["terminated"], reply["truncated"], reply["info"]
+
+
+def _loopback_address(host: str, port: int | None, owner: str) -> tuple[str, int]:
+    """``(host, port)`` once checked: a loopback IP literal and a valid port."""
+    if port is None:
+        raise TypeError(f"{owner} needs the game server's port, e.g. {owner}(port=server.port)")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"{owner} only connects to loopback IP addresses, got host={host!r}")
+    if not 0 < port < 2**16:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    return host, port
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@dataclasses.dataclass
+class ServerStats:
+    """Counters of a :class:`GameServer` (updated on the server's loop).
+
+    Attributes:
+        connections: Connections admitted (refused ones not included).
+        refused: Connections closed at once while ``pause_accepting(refuse=True)``.
+        resets: ``reset`` requests answered.
+        steps: ``step`` requests answered.
+        errors: ``error`` replies sent (each closed its connection).
+    """
+
+    connections: int = 0
+    refused: int = 0
+    resets: int = 0
+    steps: int = 0
+    errors: int = 0
+
+
+class GameServer:
+    """Host one :class:`ChaseGame` session per TCP connection, on 127.0.0.1 only.
+
+    Args:
+        port: Port to listen on; ``0`` picks a free one (read ``.port`` after start).
+        size: Grid side of every session's game.
+        max_steps: Steps before truncation in every session's game.
+        latency: Seconds each ``reset``/``step`` reply waits before it is sent.
+        jitter: Up to this many extra seconds per reply, uniformly at random.
+        jitter_seed: Seed of the jitter generator.
+        max_message_bytes: Longest request payload accepted; longer ones are
+            refused from their length prefix, before the body is read.
+
+    Example:
+        >>> async with GameServer(latency=0.001) as server:  # doctest: +SKIP
+        ...     env = GameClientEnv(port=server.port)
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        size: int = 8,
+        max_steps: int = 200,
+        latency: float = 0.0,
+        jitter: float = 0.0,
+        jitter_seed: int | None = 0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        ChaseGame(size, max_steps)  # validates the game's parameters
+        if latency < 0 or jitter < 0 or max_message_bytes < 1:
+            raise ValueError(
+                f"need latency >= 0, jitter >= 0, max_message_bytes >= 1, got "
+                f"{latency=}, {jitter=}, {max_message_bytes=}"
+            )
+        self.size, self.max_steps = size, max_steps
+        self.latency, self.jitter = latency, jitter
+        self.max_message_bytes = max_message_bytes
+        self.stats = ServerStats()
+        self._requested_port = port
+        self._port: int | None = None
+        self._jitter = random.Random(jitter_seed)
+        self._server: asyncio.Server | None = None
+        self._sessions: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._dropped: set[asyncio.Task[Any]] = set()  # sessions cancelled by _drop_sessions
+        self._open = asyncio.Event()  # cleared while pause_accepting() holds connections
+        self._refusing = False
+
+    @property
+    def port(self) -> int:
+        """The port listened on (known once started)."""
+        if self._port is None:
+            raise RuntimeError("GameServer is not started: use `async with GameServer()`")
+        return self._port
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` of the server."""
+        return LOOPBACK, self.port
+
+    @property
+    def active_connections(self) -> int:
+        """Connections open right now (held ones included)."""
+        return len(self._sessions)
+
+    async def start(self) -> None:
+        """Start listening (``async with`` does this for you)."""
+        if self._server is not None:
+            raise RuntimeError("GameServer is already started")
+        self._open.set()
+        self._server = await asyncio.start_server(self._serve, LOOPBACK, self._requested_port)
+        self._port = int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening, drop every connection and wait for their tasks (idempotent)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        while self._sessions:
+            await asyncio.gather(*self._drop_sessions(), return_exceptions=True)
+        await server.wait_closed()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def start_in_thread(self) -> ServerThread:
+        """Run this server on a new thread with its own event loop (for sync code).
+
+        Returns:
+            The started :class:`ServerThread`; call its ``stop()`` (or use it in
+            a ``with`` block) to stop the server and join the thread.
+        """
+        thread = ServerThread(self)
+        thread.start()
+        return thread
+
+    def drop_all(self) -> int:
+        """Abort every open connection at once, as a crashing server would.
+
+        Returns:
+            How many connections were dropped.
+        """
+        return len(self._drop_sessions())
+
+    def pause_accepting(self, *, refuse: bool = False) -> None:
+        """Stop admitting new connections until :meth:`resume_accepting`.
+
+        Args:
+            refuse: ``False`` holds new connections unanswered (clients time
+                out, as with a stalled accept loop); ``True`` closes them at
+                once (clients fail immediately with a ``ConnectionError``).
+        """
+        self._refusing = refuse
+        if not refuse:
+            self._open.clear()
+
+    def resume_accepting(self) -> None:
+        """Admit connections again, held ones included."""
+        self._refusing = False
+        self._open.set()
+
+    def _drop_sessions(self) -> list[asyncio.Task[Any]]:
+        for task, writer in self._sessions.items():
+            writer.transport.abort()
+            if task not in self._dropped:
+                self._dropped.add(task)
+                task.cancel()
+        return list(self._sessions)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._sessions[task] = writer
+        try:
+            if await self._admitted(writer):
+                await self._converse(reader, writer)
+        except ConnectionError:
+            pass  # the client went away; the session ends
+        except asyncio.CancelledError:
+            # Python 3.11's start_server chokes on a cancelled handler task: end
+            # quietly when the cancellation is only ours (as asyncio.timeout does).
+            if task not in self._dropped or task.uncancel() > 0:
+                raise
+        finally:
+            del self._sessions[task]
+            self._dropped.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _admitted(self, writer: asyncio.StreamWriter) -> bool:
+        if self._refusing or self._server is None:
+            self.stats.refused += 1
+            writer.transport.abort()
+            return False
+        await self._open.wait()
+        self.stats.connections += 1
+        return True
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = _Session(self.size, self.max_steps)
+        while (reply := await self._answer(session, reader)) is not None:
+            writer.write(_encode(reply))
+            await writer.drain()
+            if reply["type"] == "error":
+                return
+
+    async def _answer(self, session: _Session, reader: asyncio.StreamReader) -> Message | None:
+        """The reply to the next request; ``None`` when the client hung up between frames."""
+        try:
+            payload = await _read_frame(reader, self.max_message_bytes)
+            if payload is None:
+                return None
+            reply = session.handle(_decode(payload, _REQUESTS))
+        except ProtocolError as exc:
+            self.stats.errors += 1
+            return {"type": "error", "message": str(exc)}
+        if reply["type"] != "hello":
+            await self._delay()
+            self.stats.resets += reply["type"] == "reset"
+            self.stats.steps += reply["type"] == "step"
+        return reply
+
+    async def _delay(self) -> None:
+        delay = self.latency + (self._jitter.uniform(0, self.jitter) if self.jitter else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
+    """One frame's payload; ``None`` if the peer closed cleanly between frames."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise _cut_frame(len(exc.partial), _HEADER.size) from None
+        return None
+    length = _frame_length(header, max_bytes)
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise _cut_frame(len(exc.partial), length) from None
+
+
+class ServerThread:
+    """A :class:`GameServer` running on a thread of its own, with its own event loop.
+
+    Made by :meth:`GameServer.start_in_thread`.  Its methods may be called
+    from any other thread; ``stop()`` stops the server and joins the thread.
+
+    Args:
+        server: The server to run (not started yet).
+    """
+
+    def __init__(self, server: GameServer) -> None:
+        self.server = server
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, name="aiovec-game-server", daemon=True)
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        return self.server.port
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` of the server."""
+        return self.server.address
+
+    def start(self) -> None:
+        """Start the thread and wait until the server listens (or raise why it could not)."""
+        self._thread.start()
+        self._ready.result()
+
+    def stop(self) -> None:
+        """Stop the server, let its loop finish and join the thread (idempotent)."""
+        if self._loop is not None and self._stopping is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        if self._thread.ident is not None:
+            self._thread.join()
+
+    def drop_all(self) -> int:
+        """:meth:`GameServer.drop_all`, run on the server's loop."""
+        return self._call(self.server.drop_all)
+
+    def pause_accepting(self, *, refuse: bool = False) -> None:
+        """:meth:`GameServer.pause_accepting`, run on the server's loop."""
+        self._call(lambda: self.server.pause_accepting(refuse=refuse))
+
+    def resume_accepting(self) -> None:
+        """:meth:`GameServer.resume_accepting`, run on the server's loop."""
+        self._call(self.server.resume_accepting)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        if self._loop is None or not self._thread.is_alive():
+            raise RuntimeError("the server thread is not running")
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._stopping = asyncio.Event()
+        try:
+            await self.server.start()
+        except BaseException as exc:
+            self._ready.set_exception(exc)
+            return
+        self._loop = asyncio.get_running_loop()
+        self._ready.set_result(None)
+        try:
+            await self._stopping.wait()
+        finally:
+            await self.server.stop()
+
+
+# --------------------------------------------------------------------------- the clients
+
+
+class GameClientEnv(AsyncEnv[Obs, np.int64]):
+    """An :class:`aiovec.AsyncEnv` that plays :class:`ChaseGame` on a :class:`GameServer`.
+
+    The spaces are known at construction, so a vector env can be built before
+    any connection.  The first ``reset`` connects and greets the server; then
+    each ``reset``/``step`` is one round trip.  A failed round trip closes the
+    connection (a later ``reset`` reconnects).
+
+    Args:
+        host: The server's loopback IP address.
+        port: The server's port (required).
+        connect_timeout: Seconds allowed to connect and greet the server.
+        max_message_bytes: Longest reply payload accepted.
+
+    Raises:
+        ProtocolError: (from ``reset``/``step``) the server broke the protocol
+            or replied with an error.
+        ConnectionError: (from ``reset``/``step``) the connection failed or closed.
+        TimeoutError: (from the first ``reset``) no handshake within ``connect_timeout``.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012  (as gymnasium.Env)
+
+    def __init__(
+        self,
+        host: str = LOOPBACK,
+        port: int | None = None,
+        *,
+        connect_timeout: float = 5.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.host, self.port = _loopback_address(host, port, type(self).__name__)
+        self.connect_timeout = connect_timeout
+        self.max_message_bytes = max_message_bytes
+        self.observation_space, self.action_space = game_spaces()
+        self.game: dict[str, Any] | None = None  # the server's game parameters, once greeted
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Obs, dict[str, Any]]:
+        """Start an episode on the server, connecting first if needed."""
+        await super().reset(seed=seed)
+        request = _reset_request(seed, options)
+        if self._streams is None:
+            await self._connect()
+        return _reset_result(await self._round_trip(request, "reset"))
+
+    async def step(self, action: SupportsIndex) -> StepResult:
+        """Play one move on the server."""
+        request = _step_request(action)
+        if self._streams is None:
+            raise ResetNeeded("GameClientEnv is not connected: call reset() first")
+        return _step_result(await self._round_trip(request, "step"))
+
+    async def close(self) -> None:
+        """Close the connection, if any, and wait until it is closed."""
+        streams, self._streams = self._streams, None
+        if streams is not None:
+            streams[1].close()
+            with contextlib.suppress(ConnectionError):
+                await streams[1].wait_closed()
+
+    async def _connect(self) -> None:
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                self._streams = await asyncio.open_connection(self.host, self.port)
+                self.game = _check_hello(await self._round_trip(_hello_request(), "hello"))
+        except TimeoutError:
+            self._drop()
+            raise TimeoutError(
+                f"game server at {self.host}:{self.port} did not answer within "
+                f"connect_timeout={self.connect_timeout} s"
+            ) from None
+
+    async def _round_trip(self, request: bytes, expected: str) -> Message:
+        if self._streams is None:
+            raise ConnectionResetError(f"connection to {self.host}:{self.port} was dropped")
+        reader, writer = self._streams
+        try:
+            writer.write(request)
+            await writer.drain()
+            payload = await _read_frame(reader, self.max_message_bytes)
+            return _reply(payload, expected, f"{self.host}:{self.port}")
+        except BaseException:
+            self._drop()  # out of step with the server (or gone): never reuse it
+            raise
+
+    def _drop(self) -> None:
+        streams, self._streams = self._streams, None
+        if streams is not None:
+            streams[1].transport.abort()
+
+
+class BlockingGameClientEnv(gymnasium.Env[Obs, np.int64]):
+    """:class:`GameClientEnv` over a blocking socket: a plain ``gymnasium.Env``.
+
+    Same protocol and results; for thread pools and ``gymnasium`` vector envs.
+
+    Args:
+        host: The server's loopback IP address.
+        port: The server's port (required).
+        connect_timeout: Seconds allowed for each blocking operation of the
+            connection and handshake.
+        max_message_bytes: Longest reply payload accepted.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012  (as gymnasium.Env)
+
+    def __init__(
+        self,
+        host: str = LOOPBACK,
+        port: int | None = None,
+        *,
+        connect_timeout: float = 5.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.host, self.port = _loopback_address(host, port, type(self).__name__)
+        self.connect_timeout = connect_timeout
+        self.max_message_bytes = max_message_bytes
+        self.observation_space, self.action_space = game_spaces()
+        self.game: dict[str, Any] | None = None
+        self._sock: socket.socket | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Obs, dict[str, Any]]:
+        """Start an episode on the server, connecting first if needed."""
+        super().reset(seed=seed)
+        request = _reset_request(seed, options)
+        if self._sock is None:
+            self._connect()
+        return _reset_result(self._round_trip(request, "reset"))
+
+    def step(self, action: SupportsIndex) -> StepResult:
+        """Play one move on the server."""
+        request = _step_request(action)
+        if self._sock is None:
+            raise ResetNeeded("BlockingGameClientEnv is not connected: call reset() first")
+        return _step_result(self._round_trip(request, "step"))
+
+    def close(self) -> None:
+        """Close the connection, if any."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def _connect(self) -> None:
+        try:
+            self._sock = socket.create_connection((self.host, self.port), self.connect_timeout)
+            self.game = _check_hello(self._round_trip(_hello_request(), "hello"))
+        except TimeoutError:
+            raise TimeoutError(
+                f"game server at {self.host}:{self.port} did not answer within "
+                f"connect_timeout={self.connect_timeout} s"
+            ) from None
+        self._sock.settimeout(None)
+
+    def _round_trip(self, request: bytes, expected: str) -> Message:
+        if self._sock is None:
+            raise ConnectionResetError(f"connection to {self.host}:{self.port} was dropped")
+        try:
+            self._sock.sendall(request)
+            payload = _recv_frame(self._sock, self.max_message_bytes)
+            return _reply(payload, expected, f"{self.host}:{self.port}")
+        except BaseException:
+            self.close()  # out of step with the server (or gone): never reuse it
+            raise
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes from ``sock``; fewer only if the peer closed the connection."""
+    data = bytearray()
+    while len(data) < size and (chunk := sock.recv(size - len(data))):
+        data += chunk
+    return bytes(data)
+
+
+def _recv_frame(sock: socket.socket, max_bytes: int) -> bytes | None:
+    """One frame's payload; ``None`` if the peer closed cleanly between frames."""
+    header = _recv_exactly(sock, _HEADER.size)
+    if not header:
+        return None
+    if len(header) < _HEADER.size:
+        raise _cut_frame(len(header), _HEADER.size)
+    length = _frame_length(header, max_bytes)
+    payload = _recv_exactly(sock, length)
+    if len(payload) < length:
+        raise _cut_frame(len(payload), length)
+    return payload
