@@ -4,20 +4,21 @@ Two strategies, chosen once, when the runner is made:
 
 ``same-thread`` (a plain script; no loop runs in this thread)
     The runner owns an ``asyncio.Runner`` (for the loop's set-up and
-    tear-down).  Each call first drives the
-    coroutine *without running the loop*: the loop is only marked as this
-    thread's running loop while the coroutine is sent ``None``.  A vector
-    call whose envs all finish without waiting (sync envs, CPU-bound async
-    envs) completes right there, costing no loop iteration (~1 us instead of
-    the ~20-50 us of ``Runner.run``).  A coroutine that suspends is handed,
-    with the future it is waiting on, to ``Runner.run``, which finishes it and
-    finishes it as a task.  Ctrl-C, however it arrives (asyncio's handler, the
-    default one raising ``KeyboardInterrupt`` out of the loop, or one raised by
-    an env), cancels that task and lets it unwind before ``KeyboardInterrupt``
-    propagates, so nothing is orphaned.
-    This is safe on the default loop, whose clock is ``time.monotonic``;
-    uvloop caches its clock between iterations, so the fast path is never
-    used on other loop types.
+    tear-down).  Each call first drives the coroutine *without running the
+    loop*: the loop is only marked as this thread's running loop while the
+    coroutine is sent ``None``.  A vector call whose envs all finish without
+    waiting (sync envs, CPU-bound async envs) completes right there, costing
+    no loop iteration (~1.5 us instead of the ~50 us of ``Runner.run``).  A
+    coroutine that suspends is wrapped, with the future it waits on, in a task
+    (``Resume``) that ``loop.run_until_complete`` finishes.  Not
+    ``Runner.run``: it swaps the SIGINT handler on every call, which on 3.11
+    builds the repr of the finished task and its result (milliseconds for a
+    batch of observations).  Ctrl-C, however it arrives (the default handler
+    raising ``KeyboardInterrupt`` out of the loop, or an env raising it),
+    cancels that task and lets it unwind before ``KeyboardInterrupt``
+    propagates, so nothing is orphaned.  The fast path runs only on the
+    default loop, whose clock is ``time.monotonic``: uvloop caches its clock
+    between iterations, so timers started outside it can fire early.
 
 ``loop-thread`` (a loop already runs in this thread, e.g. Jupyter)
     The runner starts an anyio blocking portal: an event loop on a thread of

@@ -34,7 +34,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import aiovec
 from aiovec.testing import AsyncTwin, SpaceEnv
 
-BACKENDS = ["inline"]
+BACKENDS = ["inline", "thread"]
+SYNC_ONLY_BACKENDS = {"thread"}  # they run synchronous (blocking) envs only
 FRONT_ENDS = ["await", "blocking"]
 FLAVOURS = ["sync", "async"]
 MODES = list(AutoresetMode)
@@ -256,6 +257,20 @@ def oracle_env(env_fns: Sequence[EnvFn], **kwargs: Any) -> Iterator[SyncVectorEn
 # --------------------------------------------------------------------------- fixtures
 
 
+def require_async_envs(backend: str) -> None:
+    """Skip a test that needs async envs on a backend that runs sync envs only."""
+    if backend in SYNC_ONLY_BACKENDS:
+        pytest.skip(f"backend={backend!r} runs synchronous envs only")
+
+
+@pytest.fixture(autouse=True)
+def _skip_async_envs_on_sync_only_backends(request: pytest.FixtureRequest) -> None:
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    if params.get("flavour") == "async" and params.get("backend") in SYNC_ONLY_BACKENDS:
+        pytest.skip(f"backend={params['backend']!r} runs synchronous envs only")
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -274,6 +289,8 @@ def flavour(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def make_venv(backend: str, front_end: str, flavour: str) -> Iterator[Callable[..., FrontEnd]]:
     """Build aiovec (plain factories in; the flavour is applied here); closed at teardown."""
+    if flavour == "async" and backend in SYNC_ONLY_BACKENDS:
+        pytest.skip(f"backend={backend!r} runs synchronous envs only")
     opened: list[FrontEnd] = []
 
     def make(env_fns: Sequence[EnvFn], **kwargs: Any) -> FrontEnd:

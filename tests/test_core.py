@@ -322,8 +322,58 @@ def test_step_batch_orders_by_env_index_and_types_arrays():
     assert infos["_x"].tolist() == [True, False, False]
 
 
-def test_copy_false_returns_the_reused_buffer():
+def test_copy_false_may_return_a_reused_buffer():
+    batcher = Batcher(spaces.Discrete(3), spaces.Discrete(2), 2, copy=False)
+    first, _ = batcher.reset_batch(range(2), {0: (0, {}), 1: (1, {})})
+    second, _ = batcher.reset_batch([0], {0: (2, {})})
+    assert first is second
+    assert second.tolist() == [2, 1]
+
+
+def test_box_observations_are_fresh_arrays_even_without_copy():
     batcher = Batcher(spaces.Box(0, 1, (2,)), spaces.Discrete(2), 2, copy=False)
     first, _ = batcher.reset_batch(range(2), {0: (np.zeros(2), {}), 1: (np.ones(2), {})})
     second, _ = batcher.reset_batch([0], {0: (np.ones(2), {})})
-    assert first is second
+    assert first.tolist() == [[0, 0], [1, 1]]
+    assert second.tolist() == [[1, 1], [1, 1]]
+
+
+# -- the Box fast path behaves exactly like gymnasium's concatenate ---------------------
+
+from gymnasium.vector.utils import concatenate, create_empty_array  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from aiovec._core.batching import stack_box  # noqa: E402
+
+DTYPES = [np.float32, np.float64, np.int64, np.uint8, np.int8, np.bool_]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    space_dtype=st.sampled_from(DTYPES),
+    item_dtype=st.sampled_from([*DTYPES, np.complex64]),
+    shape=st.lists(st.integers(0, 3), max_size=3).map(tuple),
+    item_shape_delta=st.sampled_from([0, 0, 0, 1]),
+    n=st.integers(1, 4),
+    as_lists=st.booleans(),
+)
+def test_stack_box_equals_gymnasium_concatenate(
+    space_dtype, item_dtype, shape, item_shape_delta, n, as_lists
+):
+    space = spaces.Box(0, 1, shape, dtype=space_dtype)
+    item_shape = (*shape, 1) if item_shape_delta else shape
+    items = [np.full(item_shape, k % 2, dtype=item_dtype) for k in range(n)]
+    if as_lists:
+        items = [item.tolist() for item in items]
+    buffer = create_empty_array(space, n=n, fn=np.zeros)
+    try:
+        expected = concatenate(space, items, buffer).copy()
+    except (TypeError, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            stack_box(items, buffer.shape, buffer.dtype)
+        return
+    got = stack_box(items, buffer.shape, buffer.dtype)
+    assert got.dtype == expected.dtype
+    assert got.shape == expected.shape
+    assert np.array_equal(got, expected)

@@ -19,7 +19,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from aiovec._core.calls import Transition
 from aiovec._core.validate import action_checker
 
-__all__ = ("Batcher", "StepBatch", "copy_batch")
+__all__ = ("Batcher", "StepBatch", "copy_batch", "stack_box")
 
 StepBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
@@ -32,6 +32,32 @@ class _InfoMerger:
 
     def __init__(self, num_envs: int) -> None:
         self.num_envs = num_envs
+
+
+def stack_box(items: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """``np.stack(items, out=buffer)`` for a ``Box`` space, as a fresh array.
+
+    gymnasium's ``concatenate`` stacks into a preallocated buffer (and a copy is
+    then needed for ``copy=True``); ``np.stack`` builds a view per item in
+    Python, 0.4 us an env, a third of a cheap env-step.  ``np.asarray`` builds
+    the same batch in C.  Results and errors are those of ``np.stack(out=...)``
+    (tested against gymnasium's ``concatenate``): a wrong shape raises
+    ``ValueError``, a cast that ``same_kind`` casting forbids ``TypeError``.
+    """
+    array = np.asarray(items)
+    if array.shape != shape:
+        raise ValueError(
+            f"observations must each have shape {shape[1:]} to batch into {shape}; "
+            f"together they have shape {array.shape}"
+        )
+    if array.dtype != dtype:
+        if not np.can_cast(array.dtype, dtype, "same_kind"):
+            raise TypeError(
+                f"Cannot cast array data from {array.dtype!r} to {dtype!r} according to the "
+                "rule 'same_kind' (the observation space's dtype)"
+            )
+        array = array.astype(dtype)
+    return array
 
 
 def copy_batch(value: Any) -> Any:
@@ -75,6 +101,7 @@ class Batcher:
         self._concatenate = concatenate.dispatch(type(observation_space))
         self._iterate = iterate.dispatch(type(self.action_space))
         self._check_actions = action_checker(action_space, num_envs)
+        self._box = type(observation_space) is spaces.Box
         # gymnasium's own info merge, bound once (its ``self`` only needs num_envs)
         self._merge: Callable[[dict[str, Any], dict[str, Any], int], dict[str, Any]] = cast(
             Any, _InfoMerger(num_envs)
@@ -131,6 +158,8 @@ class Batcher:
         )
 
     def _observations(self) -> Any:
+        if self._box:  # a fresh array: nothing to copy, nothing shared
+            return stack_box(self._env_obs, self._buffer.shape, self._buffer.dtype)
         self._buffer = self._concatenate(self.single_observation_space, self._env_obs, self._buffer)
         buffer = self._buffer
         if not self.copy:

@@ -12,9 +12,11 @@ from aiovec.backends._base import Backend, EnvTraits
 
 __all__ = ("Backend", "EnvTraits", "load_backend")
 
-_MODULES = {"inline": ("aiovec.backends.inline", "InlineBackend")}
+_MODULES = {
+    "inline": ("aiovec.backends.inline", "InlineBackend"),
+    "thread": ("aiovec.backends.thread", "ThreadBackend"),
+}
 _PLANNED = {
-    "thread": "the thread backend",
     "process": "the process backend",
     "ray": 'the Ray backend (pip install "aiovec[ray]")',
 }

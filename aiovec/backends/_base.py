@@ -20,7 +20,7 @@ from gymnasium import spaces
 from aiovec._core.ops import Op
 from aiovec._errors import EnvError
 
-__all__ = ("Backend", "EnvTraits", "Outcomes")
+__all__ = ("Backend", "EnvTraits", "Outcomes", "build_envs", "check_env", "close_quietly")
 
 Outcomes = tuple[dict[int, Any], dict[int, BaseException]]
 
@@ -142,17 +142,25 @@ def build_envs(env_fns: Sequence[Callable[[], Any]]) -> list[Any]:
         except Exception as exc:
             close_quietly(envs)
             raise EnvError({i: exc}, f"env_fns[{i}]()") from exc
-        missing = [
-            a for a in ("reset", "step", "observation_space", "action_space") if not hasattr(env, a)
-        ]
-        if missing:
+        try:
+            check_env(i, env)
+        except TypeError:
             close_quietly([*envs, env])
-            raise TypeError(
-                f"env_fns[{i}]() must return an env (an aiovec.AsyncEnv or gymnasium.Env), got "
-                f"{type(env).__name__}, which lacks {', '.join(missing)}"
-            )
+            raise
         envs.append(env)
     return envs
+
+
+def check_env(i: int, env: Any) -> None:
+    """``env_fns[i]()`` must have returned something with the env protocol's members."""
+    missing = [
+        a for a in ("reset", "step", "observation_space", "action_space") if not hasattr(env, a)
+    ]
+    if missing:
+        raise TypeError(
+            f"env_fns[{i}]() must return an env (an aiovec.AsyncEnv or gymnasium.Env), got "
+            f"{type(env).__name__}, which lacks {', '.join(missing)}"
+        )
 
 
 def close_quietly(envs: Sequence[Any]) -> None:

@@ -1,0 +1,204 @@
+"""``backend="thread"``: synchronous envs whose calls block (sockets, HTTP, game SDKs).
+
+Theory of operation.  Each env is bound to one worker thread for its whole
+life (by default one thread per env): it is built there, and every call on it
+runs there, so thread-affine clients work and calls on one env never overlap.
+``launch`` puts one job per env on its worker's queue and returns; the event
+loop never blocks.  Workers post outcomes to an inbox and wake the loop with
+``call_soon_threadsafe`` only when the inbox was empty, so a batch of envs that
+finish together costs one wake-up, not one per env.
+
+A thread cannot be interrupted.  ``cancel`` (a timeout, a cancelled step,
+``close``) therefore *abandons* the calls in flight: each env's outcome is
+reported as cancelled at once, its generation is bumped so that the late
+result is dropped when it arrives, and the env's next call queues behind the
+abandoned one on the same thread.  No call ever sees another call's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiovec._core.calls import CLOSE, new_step_flow
+from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._env import is_async_env
+from aiovec._errors import EnvError
+from aiovec.backends._base import Backend, EnvTraits, check_env, close_quietly
+from aiovec.backends._drive import StepFlow, perform_sync, step_sync
+
+__all__ = ("ThreadBackend",)
+
+_STOP = object()
+_CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandoned
+_JOIN_TIMEOUT = 2.0  # seconds for all threads to end once their envs are closed
+
+
+class _Worker:
+    """One thread running jobs for the envs bound to it, in order."""
+
+    def __init__(self, name: str, post: Callable[[int, int, Any, BaseException | None], None]):
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._post = post
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not _STOP:
+            i, generation, fn, args = job
+            try:
+                value, error = fn(*args), None
+            except BaseException as exc:  # reported to the loop, raised there
+                value, error = None, exc
+            self._post(i, generation, value, error)
+
+    def stop(self) -> None:
+        self.jobs.put(_STOP)
+
+
+class ThreadBackend(Backend):
+    """Hosts synchronous envs on worker threads."""
+
+    def __init__(
+        self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None
+    ) -> None:
+        super().__init__(env_fns, num_workers)
+        count = num_workers or self.num_envs
+        self._env_fns = list(env_fns)
+        self._envs: list[Any] = [None] * self.num_envs
+        self._flows: list[StepFlow | None] = [None] * self.num_envs
+        self._generations = [0] * self.num_envs
+        self._inbox: collections.deque[tuple[int, int, Any, BaseException | None]] = (
+            collections.deque()
+        )
+        self._inbox_lock = threading.Lock()
+        self._wake_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._workers = [_Worker(f"aiovec-env-worker-{w}", self._post) for w in range(count)]
+        try:
+            self._build_all()
+        except BaseException:
+            self._stop_workers()
+            raise
+        self.traits = EnvTraits.of(self._envs)
+
+    @property
+    def envs(self) -> tuple[Any, ...]:
+        """The env objects (call their methods only through the vector env)."""
+        return tuple(self._envs)
+
+    # -- construction, on the env's own thread ----------------------------------------
+
+    def _build_all(self) -> None:
+        done: queue.SimpleQueue[tuple[int, Any, BaseException | None]] = queue.SimpleQueue()
+        for i in range(self.num_envs):
+            self._worker(i).jobs.put((i, -1, self._build, (i, done)))
+        built = sorted((done.get() for _ in range(self.num_envs)), key=lambda item: item[0])
+        failed = {i: error for i, _, error in built if error is not None}
+        for i, env, _ in built:
+            self._envs[i] = env
+        if failed:
+            close_quietly([env for env in self._envs if env is not None])
+            first = min(failed)
+            if isinstance(failed[first], TypeError):
+                raise failed[first]
+            raise EnvError(failed, f"env_fns[{first}]()") from failed[first]
+
+    def _build(self, i: int, done: queue.SimpleQueue[Any]) -> None:
+        try:
+            env = self._env_fns[i]()
+            _check_env(i, env)
+        except BaseException as exc:
+            done.put((i, None, exc))
+        else:
+            done.put((i, env, None))
+
+    def _worker(self, i: int) -> _Worker:
+        return self._workers[i % len(self._workers)]
+
+    # -- running ops ------------------------------------------------------------------
+
+    def launch(self, indices: Sequence[int], op: Op) -> None:
+        """Queue one job per env on its worker; returns at once."""
+        self._loop = asyncio.get_running_loop()
+        generations = self._generations
+        if isinstance(op, StepOp):
+            for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
+                flow = self._flows[i] or self._new_flow(i, op)
+                self.pending.add(i)
+                job = (i, generations[i], step_sync, (self._envs[i], flow, first, action))
+                self._worker(i).jobs.put(job)
+            return
+        for i, call in zip(indices, op.calls, strict=True):
+            self.pending.add(i)
+            self._worker(i).jobs.put((i, generations[i], perform_sync, (self._envs[i], call)))
+
+    def _new_flow(self, i: int, op: StepOp) -> StepFlow:
+        flow = self._flows[i] = new_step_flow(op.mode)
+        return flow
+
+    def _post(self, i: int, generation: int, value: Any, error: BaseException | None) -> None:
+        """On a worker thread: hand an outcome to the loop (one wake-up per burst)."""
+        if generation < 0:
+            return
+        with self._inbox_lock:
+            self._inbox.append((i, generation, value, error))
+            if self._wake_scheduled:
+                return
+            self._wake_scheduled = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._take_inbox)
+
+    def _take_inbox(self) -> None:
+        """On the loop: record every outcome posted since the last wake-up."""
+        with self._inbox_lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+            self._wake_scheduled = False
+        for i, generation, value, error in items:
+            if generation != self._generations[i] or i not in self.pending:
+                continue  # an abandoned call's late outcome
+            if error is not None:
+                self._flows[i] = None
+            self._finish(i, value, error)
+
+    def cancel(self) -> None:
+        """Abandon every call in flight (threads cannot be interrupted)."""
+        for i in list(self.pending):
+            self._generations[i] += 1
+            self._flows[i] = None
+            self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
+
+    async def aclose(self) -> dict[int, BaseException]:
+        """Close every env on its thread, then stop and join the threads."""
+        await self.drain()
+        self.launch(range(self.num_envs), CallOp([CLOSE] * self.num_envs, "close"))
+        _, errors = await self.collect(self.num_envs, timeout=_CLOSE_TIMEOUT)
+        for i in sorted(self.pending):
+            errors[i] = TimeoutError(f"env {i}'s close() did not finish in {_CLOSE_TIMEOUT} s")
+        self.cancel()
+        self.take()
+        self._stop_workers()
+        return errors
+
+    def _stop_workers(self) -> None:
+        for worker in self._workers:
+            worker.stop()
+        deadline = time.monotonic() + _JOIN_TIMEOUT
+        for worker in self._workers:  # idle threads end at once; a hung one is a daemon
+            worker.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _check_env(i: int, env: Any) -> None:
+    check_env(i, env)
+    if is_async_env(env):
+        raise TypeError(
+            f"env_fns[{i}]() returned an async env ({type(env).__name__}); backend='thread' "
+            "runs synchronous envs whose calls block: use backend='inline' for async envs"
+        )
