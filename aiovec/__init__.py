@@ -7,6 +7,7 @@ Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
 """
 
 from aiovec._blocking import BlockingVectorEnv
+from aiovec._core.restart import RestartPolicy
 from aiovec._env import AsyncEnv
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
 from aiovec._make import make
@@ -21,6 +22,7 @@ __all__ = (
     "ClosedError",
     "EnvError",
     "EnvTimeoutError",
+    "RestartPolicy",
     "StateError",
     "WorkerDiedError",
     "__version__",

@@ -17,6 +17,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._core.batching import StepBatch
 from aiovec._core.lifecycle import State
+from aiovec._core.restart import RestartPolicy
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
 
@@ -47,8 +48,9 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         num_workers: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = None,
-        on_error: str = "raise",
+        on_error: str | RestartPolicy = "raise",
         copy: bool = True,
+        reset_timeout: float | None = None,
     ) -> None:
         self._runner = Runner()
         try:
@@ -60,6 +62,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                 step_timeout=step_timeout,
                 on_error=on_error,
                 copy=copy,
+                reset_timeout=reset_timeout,
             )
         except BaseException:
             self._runner.close()

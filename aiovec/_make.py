@@ -15,7 +15,9 @@ from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("make",)
 
-_VECTOR_KWARGS = frozenset({"num_workers", "autoreset_mode", "step_timeout", "on_error", "copy"})
+_VECTOR_KWARGS = frozenset(
+    {"num_workers", "autoreset_mode", "step_timeout", "reset_timeout", "on_error", "copy"}
+)
 
 
 def _build(
@@ -47,7 +49,7 @@ def make(
         backend: Where envs live (see :class:`AsyncioVectorEnv`).
         wrappers: Callables applied, in order, to each single env.
         **kwargs: ``num_workers``, ``autoreset_mode``, ``step_timeout``,
-            ``on_error`` and ``copy`` go to the vector env; everything else is
+            ``reset_timeout``, ``on_error`` and ``copy`` go to the vector env; everything else is
             passed to ``gymnasium.make`` (or to the factory).
 
     Returns:

@@ -12,7 +12,7 @@ import asyncio
 import warnings
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import numpy as np
 from gymnasium import spaces
@@ -26,9 +26,10 @@ from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, Reset, SetA
 from aiovec._core.lifecycle import Lifecycle, Op, State
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.ops import Op as BackendOp
-from aiovec._errors import ClosedError, EnvError
+from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
+from aiovec._errors import ClosedError, EnvError, EnvTimeoutError
 from aiovec.backends import Backend, load_backend
-from aiovec.backends._base import close_quietly
+from aiovec.backends._base import Outcomes, close_quietly
 
 __all__ = ("AsyncioVectorEnv",)
 
@@ -43,13 +44,25 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         env_fns: Non-empty sequence of zero-argument callables, each returning
             an env: an :class:`aiovec.AsyncEnv` (or any object with coroutine
             ``reset``/``step`` and the two spaces) or a ``gymnasium.Env``.
-        backend: Where envs live: ``"inline"`` (this event loop).
-        num_workers: For process/ray backends: how many workers host the envs.
+        backend: Where envs live: ``"inline"`` (this event loop; sync envs are
+            called directly, async ones awaited together) or ``"thread"``
+            (sync envs whose calls block, each on a thread of its own).
+        num_workers: How many workers host the envs (``"thread"``: threads,
+            by default one per env).
         autoreset_mode: gymnasium's ``AutoresetMode`` (or its string value).
-        step_timeout: Seconds an env may take to answer; ``None`` waits forever.
+        step_timeout: Seconds an env may take to answer a step (and render,
+            call, ...); ``None`` waits forever.  A late env fails with
+            :class:`aiovec.EnvTimeoutError`; its call is cancelled (inline) or
+            abandoned (thread) and can never deliver stale data.
         on_error: ``"raise"``: a failing env raises :class:`aiovec.EnvError`.
+            ``"restart"`` (or a :class:`aiovec.RestartPolicy`): a failed env is
+            closed, rebuilt from its factory and reset; its row is the reset
+            observation with ``truncated=True``, reward 0 and
+            ``infos["error"]``, and every other env's transition is kept.
         copy: ``False`` lets returned observation arrays be a buffer that the
             next call overwrites (saves a copy per call).
+        reset_timeout: Seconds an env may take to reset (connecting often
+            takes longer than a step); ``None`` means ``step_timeout``.
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
@@ -70,8 +83,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         num_workers: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = None,
-        on_error: str = "raise",
+        on_error: str | RestartPolicy = "raise",
         copy: bool = True,
+        reset_timeout: float | None = None,
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
@@ -81,11 +95,16 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         backend_name = validate.check_choice("backend", backend, validate.BACKENDS)
         workers = validate.check_num_workers(num_workers, len(fns))
         self.step_timeout = validate.check_timeout("step_timeout", step_timeout)
-        self.on_error = validate.check_choice("on_error", on_error, validate.ON_ERROR)
-        if self.on_error == "restart":
-            raise NotImplementedError(
-                "on_error='restart' is not part of this release yet; use on_error='raise'"
-            )
+        self.reset_timeout = validate.check_timeout("reset_timeout", reset_timeout)
+        if self.reset_timeout is None:
+            self.reset_timeout = self.step_timeout
+        self.restart_policy: RestartPolicy | None = None
+        if isinstance(on_error, RestartPolicy):
+            self.on_error, self.restart_policy = "restart", on_error
+        else:
+            self.on_error = validate.check_choice("on_error", on_error, validate.ON_ERROR)
+            if self.on_error == "restart":
+                self.restart_policy = RestartPolicy()
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
         backend_cls = load_backend(backend_name)
@@ -107,6 +126,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, copy
         )
         self._autoreset = AutoresetState(mode, self.num_envs)
+        self._restarts = RestartBook(self.restart_policy or RestartPolicy(), self.num_envs)
         self._all = range(self.num_envs)
 
     # -- properties --------------------------------------------------------------
@@ -290,14 +310,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         before = self._life.state
         self._life.state = State.BUSY
         try:
-            backend.launch(indices, op)
-            # Every env's call runs to its end, failed or not: the errors
-            # reported never depend on which env happened to finish first.
-            if backend.pending:
-                self._unwound = asyncio.get_running_loop().create_future()
-                results, errors = await backend.collect(len(indices))
-            else:
-                results, errors = backend.take()
+            results, errors = await self._gather(indices, op)
+            if errors and self._restartable(op, errors):
+                results.update(await self._restart(errors, op.name))
+                errors = {}
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
             backend.cancel()
             self._life.break_(f"{op.name}() was abandoned unfinished")
@@ -314,17 +330,87 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         if self._life.state is State.CLOSED:
             raise ClosedError(f"the vector env was closed while {op.name}() was in flight")
         if errors:
-            for error in errors.values():
-                if not isinstance(error, Exception):
-                    self._life.break_(f"{op.name}() was interrupted ({type(error).__name__})")
-                    raise error
-            if breaks:
-                self._life.break_(f"{op.name}() failed in env {min(errors)}")
-            else:
-                self._life.state = before
-            raise EnvError(errors, f"{op.name}()")
+            self._raise_for(errors, op.name, before, breaks)
         self._life.state = before
         return results
+
+    async def _gather(self, indices: Sequence[int], op: BackendOp) -> Outcomes:
+        """Launch ``op`` and collect every env's outcome; late envs fail with TimeoutError.
+
+        Every env's call runs to its end, failed or not: the errors reported
+        never depend on which env happened to finish first.
+        """
+        backend = self._backend
+        assert backend is not None
+        backend.launch(indices, op)
+        if not backend.pending:
+            return backend.take()
+        if self._unwound is None:
+            self._unwound = asyncio.get_running_loop().create_future()
+        timeout = self.reset_timeout if op.name == "reset" else self.step_timeout
+        results, errors = await backend.collect(len(indices), timeout)
+        if backend.pending and self._life.state is not State.CLOSED:  # out of time
+            late = set(backend.pending)
+            more_results, more_errors = await backend.drain()
+            results.update(more_results)
+            for i, error in more_errors.items():
+                errors[i] = (
+                    TimeoutError(f"env {i} did not answer {op.name}() within {timeout} s")
+                    if i in late and isinstance(error, asyncio.CancelledError)
+                    else error
+                )
+        return results, errors
+
+    async def _restart(self, failed: dict[int, BaseException], name: str) -> dict[int, Any]:
+        """Rebuild and reset the failed envs; their rows, or EnvError if the policy gives up."""
+        backend, policy = self._backend, self.restart_policy
+        assert backend is not None
+        assert policy is not None
+        now = asyncio.get_running_loop().time()
+        refused = [i for i in sorted(failed) if not self._restarts.allow(i, now)]
+        if refused:
+            raise EnvError(
+                {i: failed[i] for i in refused},
+                f"{name}() (restart limit reached: more than {policy.max_restarts} restarts "
+                f"within {policy.window:g} s)",
+            )
+        messages = {i: describe_failure(error, f"{name}()") for i, error in failed.items()}
+        rows: dict[int, Any] = {}
+        todo: dict[int, BaseException] = dict(failed)
+        for delay in policy.delays():
+            if delay:
+                await asyncio.sleep(delay)
+            todo = await backend.rebuild(sorted(todo)) or {}
+            rebuilt = [i for i in failed if i not in rows and i not in todo]
+            reset_op = CallOp([Reset()] * len(rebuilt), "reset")
+            resets, reset_errors = await self._gather(rebuilt, reset_op)
+            rows.update((i, restarted_row(resets[i], messages[i])) for i in resets)
+            todo.update(reset_errors)
+            if not todo:
+                return rows
+        raise EnvError(todo, f"{name}() (restart failed after {policy.attempts} attempts)")
+
+    def _restartable(self, op: BackendOp, errors: dict[int, BaseException]) -> bool:
+        """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
+        return (
+            self.restart_policy is not None
+            and isinstance(op, StepOp)
+            and all(isinstance(e, Exception) for e in errors.values())
+        )
+
+    def _raise_for(
+        self, errors: dict[int, BaseException], name: str, before: State, breaks: bool
+    ) -> NoReturn:
+        for error in errors.values():
+            if not isinstance(error, Exception):  # Ctrl-C or exit from an env: as it is
+                self._life.break_(f"{name}() was interrupted ({type(error).__name__})")
+                raise error
+        if breaks:
+            self._life.break_(f"{name}() failed in env {min(errors)}")
+        else:
+            self._life.state = before
+        timed_out = any(isinstance(e, TimeoutError) for e in errors.values())
+        raise (EnvTimeoutError if timed_out else EnvError)(errors, f"{name}()")
 
     def _close_now(self) -> None:
         """Close during a failed construction (no loop needed)."""

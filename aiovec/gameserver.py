@@ -377,7 +377,7 @@ def _step_request(action: SupportsIndex) -> bytes:
 
 
 def _reply(payload: bytes | None, expected: str, where: str) -> Message:
-    """The checked reply of type ``expected``; raises for anything else."""
+    """The checked reply of type ``expected`` (its ``obs`` an array); raises for anything else."""
     if payload is None:
         raise ConnectionResetError(f"game server at {where} closed the connection")
     message = _decode(payload, _REPLIES)
@@ -385,6 +385,8 @@ def _reply(payload: bytes | None, expected: str, where: str) -> Message:
         raise ProtocolError(f"game server at {where} replied with an error: {message['message']}")
     if message["type"] != expected:
         raise ProtocolError(f"expected a {expected!r} reply, got {message['type']!r}")
+    if "obs" in message:
+        message["obs"] = _observation(message["obs"])
     return message
 
 
@@ -410,12 +412,18 @@ def _observation(values: list[Any]) -> Obs:
 
 
 def _reset_result(reply: Message) -> tuple[Obs, dict[str, Any]]:
-    return _observation(reply["obs"]), reply["info"]
+    return reply["obs"], reply["info"]
 
 
 def _step_result(reply: Message) -> StepResult:
-    obs = _observation(reply["obs"])
-    return obs, float(reply["reward"]), reply["terminated"], reply["truncated"], reply["info"]
+    reward = float(reply["reward"])
+    return reply["obs"], reward, reply["terminated"], reply["truncated"], reply["info"]
+
+
+def _connect_timeout(host: str, port: int, timeout: float) -> TimeoutError:
+    return TimeoutError(
+        f"game server at {host}:{port} did not answer within connect_timeout={timeout} s"
+    )
 
 
 def _loopback_address(host: str, port: int | None, owner: str) -> tuple[str, int]:
@@ -699,7 +707,11 @@ class ServerThread:
     def start(self) -> None:
         """Start the thread and wait until the server listens (or raise why it could not)."""
         self._thread.start()
-        self._ready.result()
+        try:
+            self._ready.result()
+        except BaseException:
+            self._thread.join()
+            raise
 
     def stop(self) -> None:
         """Stop the server, let its loop finish and join the thread (idempotent)."""
@@ -831,10 +843,10 @@ class GameClientEnv(AsyncEnv[Obs, np.int64]):
                 self.game = _check_hello(await self._round_trip(_hello_request(), "hello"))
         except TimeoutError:
             self._drop()
-            raise TimeoutError(
-                f"game server at {self.host}:{self.port} did not answer within "
-                f"connect_timeout={self.connect_timeout} s"
-            ) from None
+            raise _connect_timeout(self.host, self.port, self.connect_timeout) from None
+        except BaseException:
+            self._drop()  # e.g. a server of another version: never left half-connected
+            raise
 
     async def _round_trip(self, request: bytes, expected: str) -> Message:
         if self._streams is None:
@@ -912,12 +924,13 @@ class BlockingGameClientEnv(gymnasium.Env[Obs, np.int64]):
         try:
             self._sock = socket.create_connection((self.host, self.port), self.connect_timeout)
             self.game = _check_hello(self._round_trip(_hello_request(), "hello"))
+            self._sock.settimeout(None)
         except TimeoutError:
-            raise TimeoutError(
-                f"game server at {self.host}:{self.port} did not answer within "
-                f"connect_timeout={self.connect_timeout} s"
-            ) from None
-        self._sock.settimeout(None)
+            self.close()
+            raise _connect_timeout(self.host, self.port, self.connect_timeout) from None
+        except BaseException:
+            self.close()
+            raise
 
     def _round_trip(self, request: bytes, expected: str) -> Message:
         if self._sock is None:

@@ -18,6 +18,7 @@ PUBLIC = {
     "ClosedError",
     "EnvError",
     "EnvTimeoutError",
+    "RestartPolicy",
     "StateError",
     "WorkerDiedError",
     "__version__",
@@ -82,11 +83,6 @@ def test_import_loads_no_backend_and_no_optional_dependency():
 def test_backends_of_later_releases_say_so(backend):
     with pytest.raises(NotImplementedError, match=backend):
         aiovec.AsyncioVectorEnv([aiovec.testing.SpaceEnv], backend=backend)
-
-
-def test_on_error_restart_says_it_is_not_available_yet():
-    with pytest.raises(NotImplementedError, match="restart"):
-        aiovec.AsyncioVectorEnv([aiovec.testing.SpaceEnv], on_error="restart")
 
 
 def test_async_env_defaults_and_seeding():

@@ -77,6 +77,24 @@ class Backend(abc.ABC):
         """Ask every call in flight to stop; each reports an outcome when it has."""
 
     @abc.abstractmethod
+    async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
+        """Replace envs (none in flight) with fresh ones from their factories.
+
+        Each old env is closed first, best effort.  Returns the envs whose
+        factory failed (or built an env with other spaces), by index.
+        """
+
+    def _check_rebuilt(self, i: int, env: Any) -> None:
+        check_env(i, env)
+        traits = self.traits
+        for kind, space, first in (
+            ("observation_space", env.observation_space, traits.observation_spaces[0]),
+            ("action_space", env.action_space, traits.action_spaces[0]),
+        ):
+            if space != first:
+                raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")
+
+    @abc.abstractmethod
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env and release every resource; returns close errors by env."""
 

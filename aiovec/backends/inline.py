@@ -20,6 +20,18 @@ from aiovec.backends._lanes import PENDING, Lanes
 
 __all__ = ("InlineBackend",)
 
+_CLOSE_TIMEOUT = 5.0  # seconds an old env gets to close before it is rebuilt
+
+
+async def _close_within(env: Any, seconds: float) -> None:
+    """Close ``env`` best effort: its errors are ignored, a hang is cut short."""
+    try:
+        result = env.close()
+        if asyncio.iscoroutine(result):
+            await asyncio.wait_for(result, seconds)
+    except Exception:  # the env already failed; its close may well fail too
+        return
+
 
 class InlineBackend(Backend):
     """Hosts envs in this thread, on the caller's event loop."""
@@ -28,6 +40,7 @@ class InlineBackend(Backend):
         self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None
     ) -> None:
         super().__init__(env_fns, num_workers)
+        self._env_fns = list(env_fns)
         self._envs = build_envs(env_fns)
         try:
             self._is_async = [is_async_env(env) for env in self._envs]
@@ -105,6 +118,24 @@ class InlineBackend(Backend):
         if error is not None:
             self._flows[i] = None
         super()._finish(i, value, error)
+
+    async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
+        """Close, then rebuild each env from its factory (in this thread)."""
+        errors: dict[int, BaseException] = {}
+        for i in indices:
+            self._lanes.cancel(i)  # an idle lane ends; a new one comes with the next call
+            self._flows[i] = None
+            await _close_within(self._envs[i], _CLOSE_TIMEOUT)
+            try:
+                env = self._env_fns[i]()
+                self._check_rebuilt(i, env)
+                self._is_async[i] = is_async_env(env)
+            except Exception as exc:
+                errors[i] = exc
+                continue
+            self._envs[i] = env
+        self._any_async = any(self._is_async)
+        return errors
 
     def cancel(self) -> None:
         """Cancel the lanes of every env in flight."""

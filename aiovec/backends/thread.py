@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
@@ -80,6 +82,8 @@ class ThreadBackend(Backend):
         self._wake_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers = [_Worker(f"aiovec-env-worker-{w}", self._post) for w in range(count)]
+        self._assigned = [self._workers[i % count] for i in range(self.num_envs)]
+        self._stuck: set[int] = set()  # envs whose abandoned call is still running
         try:
             self._build_all()
         except BaseException:
@@ -119,7 +123,7 @@ class ThreadBackend(Backend):
             done.put((i, env, None))
 
     def _worker(self, i: int) -> _Worker:
-        return self._workers[i % len(self._workers)]
+        return self._assigned[i]
 
     # -- running ops ------------------------------------------------------------------
 
@@ -163,16 +167,52 @@ class ThreadBackend(Backend):
             self._wake_scheduled = False
         for i, generation, value, error in items:
             if generation != self._generations[i] or i not in self.pending:
-                continue  # an abandoned call's late outcome
+                self._stuck.discard(i)  # an abandoned call's late outcome: dropped
+                continue
             if error is not None:
                 self._flows[i] = None
             self._finish(i, value, error)
+
+    async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
+        """Close, then rebuild each env from its factory, on the env's own thread."""
+        futures: dict[int, asyncio.Future[Any]] = {}
+        for i in indices:
+            self._generations[i] += 1
+            self._flows[i] = None
+            if i in self._stuck:  # its thread is blocked in an abandoned call: use a new one
+                worker = _Worker(f"aiovec-env-worker-{len(self._workers)}", self._post)
+                self._workers.append(worker)
+                self._assigned[i] = worker
+                self._stuck.discard(i)
+            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self._worker(i).jobs.put((i, -1, self._rebuild_one, (i, done)))
+            futures[i] = asyncio.wrap_future(done)
+        errors: dict[int, BaseException] = {}
+        for i, future in futures.items():
+            try:
+                self._envs[i] = await future
+            except Exception as exc:
+                errors[i] = exc
+        return errors
+
+    def _rebuild_one(self, i: int, done: concurrent.futures.Future[Any]) -> None:
+        with contextlib.suppress(Exception):  # the env already failed; so may its close
+            self._envs[i].close()
+        try:
+            env = self._env_fns[i]()
+            _check_env(i, env)
+            self._check_rebuilt(i, env)
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(env)
 
     def cancel(self) -> None:
         """Abandon every call in flight (threads cannot be interrupted)."""
         for i in list(self.pending):
             self._generations[i] += 1
             self._flows[i] = None
+            self._stuck.add(i)
             self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
 
     async def aclose(self) -> dict[int, BaseException]:

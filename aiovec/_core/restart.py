@@ -1,0 +1,96 @@
+"""``on_error="restart"``: the policy, and the bookkeeping that enforces its limits.
+
+Pure: the caller passes the time in.  The vector env asks :class:`RestartBook`
+whether an env may be restarted once more, and follows
+:meth:`RestartPolicy.delays` between attempts to rebuild and reset it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from aiovec._core.calls import Transition
+
+__all__ = ("RestartBook", "RestartPolicy", "describe_failure", "restarted_row")
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """How ``on_error="restart"`` rebuilds a failed env.
+
+    A failed env is closed (best effort), rebuilt from its factory and reset;
+    if that fails too (a server that refuses connections, say), it is tried
+    again after ``backoff`` seconds, doubling up to ``max_backoff``, at most
+    ``attempts`` times in all.  An env restarted more than ``max_restarts``
+    times within ``window`` seconds is considered crash-looping: the step
+    raises :class:`aiovec.EnvError` instead, so a dead server fails loudly.
+
+    Attributes:
+        attempts: Tries to rebuild and reset a failed env before giving up.
+        backoff: Seconds to wait before the second try.
+        max_backoff: Upper bound of the wait between tries.
+        max_restarts: Restarts allowed per env within ``window`` seconds.
+        window: The sliding window for ``max_restarts``, in seconds.
+    """
+
+    attempts: int = 3
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+    max_restarts: int = 10
+    window: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("attempts", "max_restarts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RestartPolicy.{name} must be an int >= 1, got {value!r}")
+        for name in ("backoff", "max_backoff", "window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"RestartPolicy.{name} must be a number >= 0, got {value!r}")
+            if math.isnan(value):
+                raise ValueError(f"RestartPolicy.{name} must be a number >= 0, got nan")
+
+    def delays(self) -> list[float]:
+        """Seconds to wait before each attempt (the first one at once)."""
+        return [0.0] + [
+            min(self.backoff * 2**k, self.max_backoff) for k in range(self.attempts - 1)
+        ]
+
+
+class RestartBook:
+    """When each env was restarted, within the policy's window."""
+
+    def __init__(self, policy: RestartPolicy, num_envs: int) -> None:
+        self.policy = policy
+        self._times: list[collections.deque[float]] = [collections.deque() for _ in range(num_envs)]
+        self.total = 0
+
+    def allow(self, i: int, now: float) -> bool:
+        """Record a restart of env ``i`` at ``now``, unless it exceeds the limit."""
+        times = self._times[i]
+        while times and times[0] <= now - self.policy.window:
+            times.popleft()
+        if len(times) >= self.policy.max_restarts:
+            return False
+        times.append(now)
+        self.total += 1
+        return True
+
+    def count(self, i: int) -> int:
+        """Restarts of env ``i`` within the current window."""
+        return len(self._times[i])
+
+
+def describe_failure(error: BaseException, operation: str) -> str:
+    """The text a restarted env's ``infos["error"]`` carries."""
+    return f"{type(error).__name__}: {error} (in {operation}; the env was rebuilt and reset)"
+
+
+def restarted_row(reset_result: tuple[Any, dict[str, Any]], message: str) -> Transition:
+    """A restarted env's row: its reset observation, reward 0, truncated, the error in info."""
+    obs, info = reset_result
+    return obs, 0.0, False, True, {**info, "error": message}, None
