@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
+import numpy as np
 from gymnasium.core import RenderFrame
 from gymnasium.vector import AutoresetMode
 
@@ -19,9 +20,14 @@ from aiovec._core.batching import StepBatch
 from aiovec._core.lifecycle import State
 from aiovec._core.restart import RestartPolicy
 from aiovec._runner import Runner
-from aiovec._vector import AsyncioVectorEnv
+from aiovec._vector import AsyncioVectorEnv, RecvBatch
 
 __all__ = ("BlockingVectorEnv",)
+
+
+async def _call(function: Callable[..., Any], *args: Any) -> Any:
+    """Run a plain function inside the runner's loop (``send`` needs a running loop)."""
+    return function(*args)
 
 
 class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
@@ -100,6 +106,14 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
     def step(self, actions: Any) -> StepBatch:
         """Step the envs; see :meth:`AsyncioVectorEnv.step`."""
         return self._runner.run(self.vector_env.step(actions))
+
+    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Start steps for some envs; see :meth:`AsyncioVectorEnv.send`."""
+        self._runner.run(_call(self.vector_env.send, actions, env_ids))
+
+    def recv(self, min_envs: int | None = None, timeout: float | None = None) -> RecvBatch:
+        """Results of sent envs; see :meth:`AsyncioVectorEnv.recv`."""
+        return self._runner.run(self.vector_env.recv(min_envs, timeout))
 
     def render(self) -> tuple[RenderFrame | None, ...]:  # type: ignore[override]
         """Each env's frame; see :meth:`AsyncioVectorEnv.render`."""

@@ -27,11 +27,14 @@ from aiovec._core.lifecycle import Lifecycle, Op, State
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.ops import Op as BackendOp
 from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
-from aiovec._errors import ClosedError, EnvError, EnvTimeoutError
+from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError
 from aiovec.backends import Backend, load_backend
 from aiovec.backends._base import Outcomes, close_quietly
 
-__all__ = ("AsyncioVectorEnv",)
+__all__ = ("AsyncioVectorEnv", "RecvBatch")
+
+RecvBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]
+"""``(observations, rewards, terminations, truncations, infos, env_ids)``."""
 
 ObsType = TypeVar("ObsType")
 ActType = TypeVar("ActType")
@@ -126,6 +129,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, copy
         )
         self._autoreset = AutoresetState(mode, self.num_envs)
+        self._in_flight: set[int] = set()  # envs started by send(), not yet recv()ed
+        self._sent_at = [0.0] * self.num_envs
         self._restarts = RestartBook(self.restart_policy or RestartPolicy(), self.num_envs)
         self._all = range(self.num_envs)
 
@@ -227,6 +232,156 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._autoreset.stepped(None, batch[2], batch[3])
         self._life.state = State.READY
         return batch
+
+    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Start steps for some envs and return at once (EnvPool's asynchronous mode).
+
+        Call it from code running in the event loop; collect the results with
+        :meth:`recv`.  Each env follows the same autoreset and info rules as
+        with :meth:`step`.  Envs still in flight cannot be sent again.
+
+        Args:
+            actions: One action per env in ``env_ids``, batched.
+            env_ids: The envs to step (``None``: every env).
+        """
+        self._life.check(Op.SEND)
+        ids = validate.check_env_ids(env_ids, self.num_envs)
+        busy = sorted(self._in_flight.intersection(ids))
+        if busy:
+            raise StateError(f"env(s) {busy} are still in flight from send(); recv() them first")
+        per_env = self._batcher.split_actions(actions, len(ids))
+        reset_first = self._autoreset.plan(ids)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "send() starts envs on the running event loop: call it from async code "
+                "(BlockingVectorEnv.send works from anywhere)"
+            ) from None
+        backend = self._backend
+        assert backend is not None
+        self._in_flight.update(ids)
+        self._life.state = State.SENT
+        now = loop.time()
+        for i in ids:
+            self._sent_at[i] = now
+        try:
+            backend.launch(ids, StepOp(self.autoreset_mode, per_env, reset_first))
+        except BaseException as exc:  # Ctrl-C raised by a sync env: stop everything
+            backend.cancel()
+            self._in_flight.clear()
+            self._life.break_(f"send() was interrupted ({type(exc).__name__})")
+            raise
+
+    async def recv(
+        self,
+        min_envs: int | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109  (the contract's; returns what is ready)
+    ) -> RecvBatch:
+        """Results of envs started by :meth:`send`, as soon as ``min_envs`` have finished.
+
+        Every env that has finished by then is included (possibly more than
+        ``min_envs``); rows are ordered by env index and ``env_ids`` says which
+        env each row is.  A slow env never holds the others back.
+
+        Args:
+            min_envs: How many finished envs to wait for (default: all in flight).
+            timeout: Seconds to wait at most; whatever finished by then is
+                returned (maybe nothing).  Per-env ``step_timeout`` still applies.
+
+        Returns:
+            ``(observations, rewards, terminations, truncations, infos, env_ids)``.
+        """
+        self._life.check(Op.RECV)
+        wanted = validate.check_min_envs(min_envs, len(self._in_flight))
+        wait = validate.check_timeout("timeout", timeout)
+        self._life.state = State.BUSY
+        try:
+            results, errors = await self._collect_sent(wanted, wait)
+            if errors and self._restartable(StepOp(self.autoreset_mode, (), ()), errors):
+                results.update(await self._restart(errors, "step"))
+                errors = {}
+        except GeneratorExit:
+            self._abandon_sent("recv() was abandoned unfinished")
+            raise
+        except BaseException as exc:
+            if self._life.state is not State.CLOSED:
+                await self._drain_sent()
+                self._life.break_(f"recv() was interrupted ({type(exc).__name__})")
+            raise
+        finally:
+            if self._unwound is not None:
+                self._unwound.set_result(None)
+                self._unwound = None
+        self._in_flight.difference_update(results)
+        self._in_flight.difference_update(errors)
+        if self._life.state is State.CLOSED:
+            raise ClosedError("the vector env was closed while recv() was waiting")
+        if errors:
+            await self._drain_sent()
+            self._raise_for(errors, "step", State.READY, breaks=True)
+        ids = sorted(results)
+        batch = self._batcher.subset_batch(ids, results)
+        self._autoreset.stepped(ids, batch[2], batch[3])
+        self._life.state = State.SENT if self._in_flight else State.READY
+        return (*batch, np.array(ids, dtype=np.int64))
+
+    async def _collect_sent(self, wanted: int, wait_s: float | None) -> Outcomes:
+        """Outcomes of sent envs until ``wanted`` arrived, ``wait_s`` passed or all are in."""
+        backend = self._backend
+        assert backend is not None
+        loop = asyncio.get_running_loop()
+        until = None if wait_s is None else loop.time() + wait_s
+        results, errors = backend.take()
+        expired: set[int] = set()
+        while len(results) + len(errors) < wanted and backend.pending:
+            if self._unwound is None:
+                self._unwound = loop.create_future()
+            now = loop.time()
+            late = self._late_envs(backend.pending, now)
+            if late:
+                expired.update(late)
+                backend.cancel(late)
+            deadline = self._next_deadline(backend.pending - expired, until)
+            if deadline is not None and deadline <= now and not late:
+                break  # the caller's timeout
+            wait = None if deadline is None else max(0.0, deadline - now)
+            more_results, more_errors = await backend.collect(
+                wanted - len(results) - len(errors), wait
+            )
+            results.update(more_results)
+            errors.update(more_errors)
+        for i in expired.intersection(errors):
+            if isinstance(errors[i], asyncio.CancelledError):
+                errors[i] = TimeoutError(
+                    f"env {i} did not answer step() within {self.step_timeout} s"
+                )
+        return results, errors
+
+    def _late_envs(self, pending: set[int], now: float) -> list[int]:
+        if self.step_timeout is None:
+            return []
+        return [i for i in pending if now - self._sent_at[i] >= self.step_timeout]
+
+    def _next_deadline(self, pending: set[int], until: float | None) -> float | None:
+        deadlines = [] if until is None else [until]
+        if self.step_timeout is not None and pending:
+            deadlines.append(min(self._sent_at[i] for i in pending) + self.step_timeout)
+        return min(deadlines, default=None)
+
+    async def _drain_sent(self) -> None:
+        """Cancel (and wait for) every env still in flight from send()."""
+        backend = self._backend
+        assert backend is not None
+        await backend.drain()
+        self._in_flight.clear()
+
+    def _abandon_sent(self, reason: str) -> None:
+        backend = self._backend
+        assert backend is not None
+        backend.cancel()
+        self._in_flight.clear()
+        self._life.break_(reason)
 
     async def render(self) -> tuple[RenderFrame | None, ...]:
         """Each env's frame, by env index."""

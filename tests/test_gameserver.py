@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import pickle
 import re
 import struct
 import threading
@@ -122,6 +123,12 @@ def test_game_checks_its_arguments():
         env.step(5)
     with pytest.raises(TypeError):
         env.step(1.5)
+
+
+def test_protocol_error_is_a_picklable_connection_error():
+    error = pickle.loads(pickle.dumps(ProtocolError("oversized frame")))
+    assert isinstance(error, ConnectionError)
+    assert str(error) == "oversized frame"
 
 
 def test_clients_accept_loopback_addresses_only():

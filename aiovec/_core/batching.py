@@ -109,10 +109,13 @@ class Batcher:
 
     # -- actions ---------------------------------------------------------------
 
-    def split_actions(self, actions: Any) -> list[Any]:
-        """Check a batch of actions and split it into one action per env."""
-        self._check_actions(actions)
-        return list(self._iterate(self.action_space, actions))
+    def split_actions(self, actions: Any, count: int | None = None) -> list[Any]:
+        """Check a batch of actions (one per env, or ``count``) and split it per env."""
+        if count is None or count == self.num_envs:
+            self._check_actions(actions)
+            return list(self._iterate(self.action_space, actions))
+        action_checker(self.single_action_space, count)(actions)
+        return list(iterate(batch_space(self.single_action_space, count), actions))
 
     # -- results ---------------------------------------------------------------
 
@@ -151,6 +154,42 @@ class Batcher:
                     infos = merge(infos, info, i)
         return (
             self._observations(),
+            np.array(rewards, dtype=np.float64),
+            np.array(terminations, dtype=np.bool_),
+            np.array(truncations, dtype=np.bool_),
+            infos,
+        )
+
+    def subset_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
+        """Batch the transitions of some envs: row ``k`` is env ``indices[k]``."""
+        if len(indices) == self.num_envs and list(indices) == list(range(self.num_envs)):
+            return self.step_batch(indices, results)
+        rows = len(indices)
+        if not rows:
+            empty: Any = create_empty_array(self.single_observation_space, n=0, fn=np.zeros)
+            no = np.zeros(0, dtype=np.bool_)
+            return empty, np.zeros(0, dtype=np.float64), no, no.copy(), {}
+        obs, rewards, terminations, truncations, infos_, finals = zip(
+            *map(results.__getitem__, indices), strict=True
+        )
+        for i, o in zip(indices, obs, strict=True):
+            self._env_obs[i] = o
+        merge = cast(Any, _InfoMerger(rows))._add_info
+        infos: dict[str, Any] = {}
+        for k, (info, final) in enumerate(zip(infos_, finals, strict=True)):
+            if final is not None:
+                infos = merge(infos, final, k)
+            if info:
+                infos = merge(infos, info, k)
+        space = self.single_observation_space
+        batch: Any
+        if self._box:
+            batch = stack_box(obs, (rows, *self._buffer.shape[1:]), self._buffer.dtype)
+        else:
+            out: Any = create_empty_array(space, n=rows, fn=np.zeros)
+            batch = concatenate(space, obs, out)
+        return (
+            batch,
             np.array(rewards, dtype=np.float64),
             np.array(terminations, dtype=np.bool_),
             np.array(truncations, dtype=np.bool_),

@@ -3,7 +3,8 @@
 ::
 
     NEEDS_RESET --reset--> READY --step--> BUSY --ok--> READY
-         |                   ^               |
+         |                   ^  |            |
+         |                   |  +--send--> SENT --recv (BUSY while waiting)--> SENT/READY
          |                   +----reset------+--fails/cancelled--> BROKEN
          +--------------------------------------- close ---------> CLOSED
 
@@ -29,6 +30,7 @@ class State(enum.Enum):
 
     NEEDS_RESET = "needs a first reset"
     READY = "ready"
+    SENT = "sent"
     BUSY = "busy"
     BROKEN = "broken"
     CLOSED = "closed"
@@ -53,14 +55,16 @@ _ALL = frozenset(Op)
 _ALLOWED: dict[State, frozenset[Op]] = {
     State.NEEDS_RESET: frozenset({Op.RESET, Op.INSPECT}),
     State.READY: _ALL - {Op.RECV},
-    State.BUSY: frozenset({Op.SEND, Op.RECV}),
+    State.SENT: frozenset({Op.SEND, Op.RECV}),
+    State.BUSY: frozenset(),
     State.BROKEN: frozenset({Op.RESET}),
     State.CLOSED: frozenset(),
 }
 
 _WHY: dict[State, str] = {
     State.NEEDS_RESET: "the vector env has not been reset yet; call reset() first",
-    State.READY: "nothing was sent; call send() before recv()",
+    State.READY: "no env is in flight; call send() before recv()",
+    State.SENT: "some envs are in flight from send(); recv() them first (or close())",
     State.BUSY: (
         "another call is in flight on this vector env (calls on one vector env must not "
         "overlap; await the first one, or use send()/recv() for partial stepping)"

@@ -24,6 +24,8 @@ __all__ = (
     "check_autoreset_mode",
     "check_choice",
     "check_env_fns",
+    "check_env_ids",
+    "check_min_envs",
     "check_num_workers",
     "check_options",
     "check_seeds",
@@ -181,6 +183,37 @@ def check_options(
         raise ValueError("options['reset_mask'] must select at least one env, got all False")
     rest = {k: v for k, v in options.items() if k != "reset_mask"}
     return rest, mask.copy()
+
+
+def check_env_ids(env_ids: object, num_envs: int) -> list[int]:
+    """``env_ids``: distinct env indices (``None`` means every env)."""
+    if env_ids is None:
+        return list(range(num_envs))
+    ids = np.asarray(env_ids)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise TypeError(f"env_ids must be a 1-D sequence of env indices, got {describe(env_ids)}")
+    if ids.size == 0:
+        raise ValueError("env_ids must name at least one env, got an empty sequence")
+    found = [int(i) for i in ids.tolist()]
+    bad = [i for i in found if not 0 <= i < num_envs]
+    if bad:
+        raise ValueError(f"env_ids must be in range(num_envs={num_envs}), got {bad}")
+    if len(set(found)) != len(found):
+        raise ValueError(f"env_ids must be distinct, got {found}")
+    return found
+
+
+def check_min_envs(min_envs: object, in_flight: int) -> int:
+    """``min_envs`` for ``recv``: 1..(envs in flight); ``None`` means all of them."""
+    if min_envs is None:
+        return in_flight
+    if isinstance(min_envs, bool) or not isinstance(min_envs, numbers.Integral):
+        raise TypeError(f"min_envs must be an int or None, got {describe(min_envs)}")
+    if not 1 <= int(min_envs) <= in_flight:
+        raise ValueError(
+            f"min_envs must be between 1 and the {in_flight} env(s) in flight, got {min_envs}"
+        )
+    return int(min_envs)
 
 
 def check_values(values: object, num_envs: int) -> list[Any]:

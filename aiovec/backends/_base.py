@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +73,8 @@ class Backend(abc.ABC):
         """Start ``op`` on the envs ``indices`` (none of which may be in flight)."""
 
     @abc.abstractmethod
-    def cancel(self) -> None:
-        """Ask every call in flight to stop; each reports an outcome when it has."""
+    def cancel(self, indices: Iterable[int] | None = None) -> None:
+        """Ask the calls in flight (of ``indices``, or all) to stop; each reports an outcome."""
 
     @abc.abstractmethod
     async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:

@@ -137,9 +137,9 @@ class InlineBackend(Backend):
         self._any_async = any(self._is_async)
         return errors
 
-    def cancel(self) -> None:
-        """Cancel the lanes of every env in flight."""
-        for i in list(self.pending):
+    def cancel(self, indices: Iterable[int] | None = None) -> None:
+        """Cancel the lanes of the envs in flight (of ``indices``, or all)."""
+        for i in list(self.pending if indices is None else self.pending.intersection(indices)):
             self._lanes.cancel(i)
 
     async def aclose(self) -> dict[int, BaseException]:

@@ -24,7 +24,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiovec._core.calls import CLOSE, new_step_flow
@@ -207,9 +207,9 @@ class ThreadBackend(Backend):
         else:
             done.set_result(env)
 
-    def cancel(self) -> None:
-        """Abandon every call in flight (threads cannot be interrupted)."""
-        for i in list(self.pending):
+    def cancel(self, indices: Iterable[int] | None = None) -> None:
+        """Abandon the calls in flight (of ``indices``, or all): threads cannot be interrupted."""
+        for i in list(self.pending if indices is None else self.pending.intersection(indices)):
             self._generations[i] += 1
             self._flows[i] = None
             self._stuck.add(i)
