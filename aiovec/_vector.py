@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Generic, NoReturn, TypeVar
 
+import anyio
 import numpy as np
 from gymnasium import spaces
 from gymnasium.core import RenderFrame
@@ -66,6 +67,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             next call overwrites (saves a copy per call).
         reset_timeout: Seconds an env may take to reset (connecting often
             takes longer than a step); ``None`` means ``step_timeout``.
+        max_concurrency: At most this many env calls in flight at once
+            (``None``: no limit), so many envs do not flood one server.  An
+            ``anyio.CapacityLimiter`` may be passed instead of an int and shared
+            by several vector envs that talk to the same server.
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
@@ -89,6 +94,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         on_error: str | RestartPolicy = "raise",
         copy: bool = True,
         reset_timeout: float | None = None,
+        max_concurrency: int | anyio.CapacityLimiter | None = None,
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
@@ -110,9 +116,12 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 self.restart_policy = RestartPolicy()
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
+        limiter = validate.check_max_concurrency(max_concurrency)
+        if isinstance(limiter, int):
+            limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
 
-        self._backend = backend_cls(fns, workers)
+        self._backend = backend_cls(fns, workers, limiter)
         traits = self._backend.traits
         try:
             validate.check_spaces(traits.observation_spaces, traits.action_spaces)

@@ -25,6 +25,7 @@ __all__ = (
     "check_choice",
     "check_env_fns",
     "check_env_ids",
+    "check_max_concurrency",
     "check_min_envs",
     "check_num_workers",
     "check_options",
@@ -214,6 +215,25 @@ def check_min_envs(min_envs: object, in_flight: int) -> int:
             f"min_envs must be between 1 and the {in_flight} env(s) in flight, got {min_envs}"
         )
     return int(min_envs)
+
+
+def check_max_concurrency(value: object) -> Any:
+    """``max_concurrency``: ``None``, an int >= 1, or a limiter (``anyio.CapacityLimiter``).
+
+    Returns the int, or the limiter as it is; the caller makes a limiter of an int.
+    """
+    if value is None:
+        return None
+    if hasattr(value, "acquire_on_behalf_of_nowait") and hasattr(value, "release_on_behalf_of"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"max_concurrency must be an int >= 1, an anyio.CapacityLimiter or None, "
+            f"got {describe(value)}"
+        )
+    if int(value) < 1:
+        raise ValueError(f"max_concurrency must be at least 1, got {value!r}")
+    return int(value)
 
 
 def check_values(values: object, num_envs: int) -> list[Any]:

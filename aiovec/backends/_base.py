@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from gymnasium import spaces
 
 from aiovec._core.ops import Op
@@ -55,8 +56,14 @@ class Backend(abc.ABC):
 
     traits: EnvTraits
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> None:
         self.num_envs = len(env_fns)
+        self.limiter = limiter
         self._results: dict[int, Any] = {}
         self._errors: dict[int, BaseException] = {}
         self.pending: set[int] = set()

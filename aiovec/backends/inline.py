@@ -11,12 +11,15 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import anyio
+
 from aiovec._core.calls import CLOSE, new_step_flow
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._env import is_async_env
 from aiovec.backends._base import Backend, EnvTraits, build_envs, close_quietly
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
 from aiovec.backends._lanes import PENDING, Lanes
+from aiovec.backends._limit import limited
 
 __all__ = ("InlineBackend",)
 
@@ -37,9 +40,12 @@ class InlineBackend(Backend):
     """Hosts envs in this thread, on the caller's event loop."""
 
     def __init__(
-        self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
     ) -> None:
-        super().__init__(env_fns, num_workers)
+        super().__init__(env_fns, num_workers, limiter)
         self._env_fns = list(env_fns)
         self._envs = build_envs(env_fns)
         try:
@@ -92,7 +98,10 @@ class InlineBackend(Backend):
                     if loop is None:
                         loop = asyncio.get_running_loop()
                         caller = lanes.enter(loop)
-                    value = lanes.start(i, async_fn(*args))
+                    coro = async_fn(*args)
+                    if self.limiter is not None:
+                        coro = limited(self.limiter, object(), coro)
+                    value = lanes.start(i, coro)
                 except BaseException as exc:
                     self._fail(i, exc)
                     continue

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import anyio
+
 from aiovec._core.calls import CLOSE, new_step_flow
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._env import is_async_env
@@ -67,9 +69,14 @@ class ThreadBackend(Backend):
     """Hosts synchronous envs on worker threads."""
 
     def __init__(
-        self, env_fns: Sequence[Callable[[], Any]], num_workers: int | None = None
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
     ) -> None:
-        super().__init__(env_fns, num_workers)
+        super().__init__(env_fns, num_workers, limiter)
+        self._tokens: dict[tuple[int, int], object] = {}  # (env, generation) -> held token
+        self._waiting: dict[int, asyncio.Task[None]] = {}  # envs waiting for a token
         count = num_workers or self.num_envs
         self._env_fns = list(env_fns)
         self._envs: list[Any] = [None] * self.num_envs
@@ -134,13 +141,39 @@ class ThreadBackend(Backend):
         if isinstance(op, StepOp):
             for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
                 flow = self._flows[i] or self._new_flow(i, op)
-                self.pending.add(i)
-                job = (i, generations[i], step_sync, (self._envs[i], flow, first, action))
-                self._worker(i).jobs.put(job)
+                self._submit((i, generations[i], step_sync, (self._envs[i], flow, first, action)))
             return
         for i, call in zip(indices, op.calls, strict=True):
-            self.pending.add(i)
-            self._worker(i).jobs.put((i, generations[i], perform_sync, (self._envs[i], call)))
+            self._submit((i, generations[i], perform_sync, (self._envs[i], call)))
+
+    def _submit(self, job: tuple[int, int, Any, tuple[Any, ...]]) -> None:
+        i, generation = job[0], job[1]
+        self.pending.add(i)
+        if self.limiter is not None:
+            token = self._tokens[i, generation] = object()
+            try:
+                self.limiter.acquire_on_behalf_of_nowait(token)
+            except anyio.WouldBlock:
+                self._waiting[i] = asyncio.get_running_loop().create_task(self._submit_later(job))
+                return
+        self._worker(i).jobs.put(job)
+
+    async def _submit_later(self, job: tuple[int, int, Any, tuple[Any, ...]]) -> None:
+        i, generation = job[0], job[1]
+        assert self.limiter is not None
+        try:
+            await self.limiter.acquire_on_behalf_of(self._tokens[i, generation])
+        except asyncio.CancelledError:
+            del self._tokens[i, generation]
+            raise
+        finally:
+            self._waiting.pop(i, None)
+        self._worker(i).jobs.put(job)
+
+    def _release(self, i: int, generation: int) -> None:
+        token = self._tokens.pop((i, generation), None)
+        if token is not None and self.limiter is not None:
+            self.limiter.release_on_behalf_of(token)
 
     def _new_flow(self, i: int, op: StepOp) -> StepFlow:
         flow = self._flows[i] = new_step_flow(op.mode)
@@ -166,6 +199,7 @@ class ThreadBackend(Backend):
             self._inbox.clear()
             self._wake_scheduled = False
         for i, generation, value, error in items:
+            self._release(i, generation)  # an abandoned call keeps its token until it ends
             if generation != self._generations[i] or i not in self.pending:
                 self._stuck.discard(i)  # an abandoned call's late outcome: dropped
                 continue
@@ -210,9 +244,13 @@ class ThreadBackend(Backend):
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Abandon the calls in flight (of ``indices``, or all): threads cannot be interrupted."""
         for i in list(self.pending if indices is None else self.pending.intersection(indices)):
+            waiting = self._waiting.pop(i, None)
+            if waiting is not None:  # never submitted: nothing runs on its thread
+                waiting.cancel()
+            else:
+                self._stuck.add(i)
             self._generations[i] += 1
             self._flows[i] = None
-            self._stuck.add(i)
             self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
 
     async def aclose(self) -> dict[int, BaseException]:

@@ -1,0 +1,140 @@
+"""max_concurrency: at most K env calls in flight, per vector env or per shared limiter."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import anyio
+import gymnasium
+import numpy as np
+import pytest
+
+import aiovec
+
+
+class Peak:
+    """Counts env calls in flight and remembers the most seen at once."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+SPACE = gymnasium.spaces.Discrete(3)
+
+
+class AsyncServerEnv(aiovec.AsyncEnv[int, int]):
+    observation_space = action_space = SPACE
+
+    def __init__(self, peak: Peak) -> None:
+        self.peak = peak
+
+    async def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    async def step(self, action):
+        self.peak.enter()
+        for _ in range(3):  # a few suspensions: a round trip
+            await asyncio.sleep(0)
+        self.peak.leave()
+        return int(action), 1.0, False, False, {}
+
+
+class BlockingServerEnv(gymnasium.Env[int, int]):
+    observation_space = action_space = SPACE
+
+    def __init__(self, peak: Peak) -> None:
+        self.peak = peak
+
+    def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    def step(self, action):
+        self.peak.enter()
+        time.sleep(0.002)  # the blocking call's work (not synchronisation)
+        self.peak.leave()
+        return int(action), 1.0, False, False, {}
+
+
+CASES = [("inline", AsyncServerEnv), ("thread", BlockingServerEnv)]
+
+
+@pytest.mark.parametrize(("backend", "env_cls"), CASES)
+@pytest.mark.parametrize("limit", [None, 3])
+@pytest.mark.asyncio
+async def test_at_most_k_calls_in_flight(backend, env_cls, limit):
+    peak = Peak()
+    fns: list[Any] = [lambda: env_cls(peak)] * 12
+    async with aiovec.AsyncioVectorEnv(fns, backend=backend, max_concurrency=limit) as venv:
+        await venv.reset()
+        for _ in range(5):
+            obs, *_ = await venv.step(np.arange(12) % 3)
+            assert obs.tolist() == (np.arange(12) % 3).tolist()
+    if limit is None:
+        assert peak.peak > 3  # without a limit they overlap: the check below can fail
+    else:
+        assert peak.peak <= limit
+
+
+@pytest.mark.asyncio
+async def test_a_limiter_shared_by_two_vector_envs_bounds_both_together():
+    peak = Peak()
+    limiter = anyio.CapacityLimiter(2)
+    fns: list[Any] = [lambda: AsyncServerEnv(peak)] * 6
+    async with (
+        aiovec.AsyncioVectorEnv(fns, max_concurrency=limiter) as first,
+        aiovec.AsyncioVectorEnv(fns, max_concurrency=limiter) as second,
+    ):
+        await asyncio.gather(first.reset(), second.reset())
+        for _ in range(3):
+            await asyncio.gather(
+                first.step(np.zeros(6, np.int64)), second.step(np.ones(6, np.int64))
+            )
+    assert peak.peak <= 2
+    assert limiter.borrowed_tokens == 0
+
+
+@pytest.mark.asyncio
+async def test_limited_calls_are_cancelled_cleanly():
+    peak = Peak()
+    gate, two_in = asyncio.Event(), asyncio.Event()
+
+    class Stuck(AsyncServerEnv):
+        async def step(self, action):
+            self.peak.enter()
+            if self.peak.now == 2:
+                two_in.set()
+            try:
+                await gate.wait()
+            finally:
+                self.peak.leave()
+            return 0, 0.0, False, False, {}
+
+    limiter = anyio.CapacityLimiter(2)
+    async with aiovec.AsyncioVectorEnv([lambda: Stuck(peak)] * 5, max_concurrency=limiter) as venv:
+        await venv.reset()
+        task = asyncio.create_task(venv.step(np.zeros(5, np.int64)))
+        await two_in.wait()  # two calls hold the two tokens; three wait for one
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert limiter.borrowed_tokens == 0
+        assert peak.now == 0
+
+
+@pytest.mark.parametrize(("value", "error"), [(0, ValueError), ("2", TypeError), (True, TypeError)])
+def test_bad_max_concurrency(value, error):
+    with pytest.raises(error, match="max_concurrency"):
+        aiovec.AsyncioVectorEnv([lambda: AsyncServerEnv(Peak())], max_concurrency=value)
