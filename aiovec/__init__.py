@@ -7,6 +7,7 @@ Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
 """
 
 from aiovec._blocking import BlockingVectorEnv
+from aiovec._core.latency import LatencyStats
 from aiovec._core.restart import RestartPolicy
 from aiovec._env import AsyncEnv
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
@@ -22,6 +23,7 @@ __all__ = (
     "ClosedError",
     "EnvError",
     "EnvTimeoutError",
+    "LatencyStats",
     "RestartPolicy",
     "StateError",
     "WorkerDiedError",

@@ -17,6 +17,7 @@ from gymnasium.core import RenderFrame
 from gymnasium.vector import AutoresetMode
 
 from aiovec._core.batching import StepBatch
+from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import State
 from aiovec._core.restart import RestartPolicy
 from aiovec._runner import Runner
@@ -130,6 +131,10 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
     def set_attr(self, name: str, values: Any) -> None:
         """Set an attribute on every env; see :meth:`AsyncioVectorEnv.set_attr`."""
         self._runner.run(self.vector_env.set_attr(name, values))
+
+    def latency_stats(self) -> LatencyStats:
+        """Per-env latency of calls that waited; see :meth:`AsyncioVectorEnv.latency_stats`."""
+        return self.vector_env.latency_stats()
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close the envs, then the runner's loop; called once by ``close()``."""

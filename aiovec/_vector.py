@@ -24,6 +24,7 @@ from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, Reset, SetAttr
+from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import Lifecycle, Op, State
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.ops import Op as BackendOp
@@ -391,6 +392,17 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         backend.cancel()
         self._in_flight.clear()
         self._life.break_(reason)
+
+    def latency_stats(self) -> LatencyStats:
+        """Latency of each env's recent calls that waited (which server is slow?).
+
+        Calls of async envs that suspended and every call on the thread backend
+        are timed, from their start to their result; the last 256 per env are
+        kept.  Envs that answer without waiting (CPU-bound envs) are not timed.
+        """
+        backend = self._backend
+        assert backend is not None
+        return backend.latency.summary()
 
     async def render(self) -> tuple[RenderFrame | None, ...]:
         """Each env's frame, by env index."""

@@ -138,3 +138,44 @@ async def test_limited_calls_are_cancelled_cleanly():
 def test_bad_max_concurrency(value, error):
     with pytest.raises(error, match="max_concurrency"):
         aiovec.AsyncioVectorEnv([lambda: AsyncServerEnv(Peak())], max_concurrency=value)
+
+
+class SlowEnv(aiovec.AsyncEnv[int, int]):
+    """Env ``i`` suspends ``i`` times per step: a higher index is a slower server."""
+
+    observation_space = action_space = SPACE
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    async def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    async def step(self, action):
+        for _ in range(self.i * 20):
+            await asyncio.sleep(0)
+        return 0, 0.0, False, False, {}
+
+
+@pytest.mark.asyncio
+async def test_latency_stats_show_which_env_is_slow():
+    fns: list[Any] = [lambda i=i: SlowEnv(i) for i in range(4)]
+    async with aiovec.AsyncioVectorEnv(fns) as venv:
+        await venv.reset()
+        for _ in range(5):
+            await venv.step(np.zeros(4, np.int64))
+        stats = venv.latency_stats()
+    assert stats.count.tolist() == [0, 5, 5, 5]  # env 0 never waited: not timed
+    assert stats.slowest(1) == [3]
+    assert stats.p50[3] > stats.p50[1]
+    assert stats.overall_p99 >= stats.overall_p50 > 0
+
+
+def test_latency_stats_on_the_thread_backend():
+    peak = Peak()
+    with aiovec.BlockingVectorEnv([lambda: BlockingServerEnv(peak)] * 2, backend="thread") as envs:
+        envs.reset()
+        envs.step(np.zeros(2, np.int64))
+        stats = envs.latency_stats()
+    assert stats.count.tolist() == [2, 2]  # the reset and the step
+    assert (stats.p50 > 0).all()

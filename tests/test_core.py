@@ -377,3 +377,25 @@ def test_stack_box_equals_gymnasium_concatenate(
     assert got.dtype == expected.dtype
     assert got.shape == expected.shape
     assert np.array_equal(got, expected)
+
+
+# -- latency bookkeeping --------------------------------------------------------------
+
+from aiovec._core.latency import LatencyBook  # noqa: E402
+
+
+def test_latency_summary_per_env_and_overall():
+    book = LatencyBook(3, window=4)
+    for seconds in (0.1, 0.2, 0.3):
+        book.record(0, seconds)
+    for seconds in (1.0, 2.0, 3.0, 4.0, 5.0):  # one more than the window: the oldest goes
+        book.record(2, seconds)
+    stats = book.summary()
+    assert stats.count.tolist() == [3, 0, 4]
+    assert stats.p50[0] == pytest.approx(0.2)
+    assert np.isnan(stats.p50[1])
+    assert stats.mean[2] == pytest.approx(3.5)
+    assert stats.slowest(2) == [2, 0]
+    assert stats.overall_p50 == pytest.approx(np.median([0.1, 0.2, 0.3, 2, 3, 4, 5]))
+    book.clear()
+    assert np.isnan(book.summary().overall_p99)

@@ -18,6 +18,7 @@ PUBLIC = {
     "ClosedError",
     "EnvError",
     "EnvTimeoutError",
+    "LatencyStats",
     "RestartPolicy",
     "StateError",
     "WorkerDiedError",

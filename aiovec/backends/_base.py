@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import anyio
 from gymnasium import spaces
 
+from aiovec._core.latency import LatencyBook
 from aiovec._core.ops import Op
 from aiovec._errors import EnvError
 
@@ -64,6 +66,8 @@ class Backend(abc.ABC):
     ) -> None:
         self.num_envs = len(env_fns)
         self.limiter = limiter
+        self.latency = LatencyBook(self.num_envs)
+        self._started = [0.0] * self.num_envs  # when each env's call in flight began
         self._results: dict[int, Any] = {}
         self._errors: dict[int, BaseException] = {}
         self.pending: set[int] = set()
@@ -105,7 +109,13 @@ class Backend(abc.ABC):
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env and release every resource; returns close errors by env."""
 
+    def _mark_waiting(self, i: int, since: float) -> None:
+        """Env ``i``'s call (started at ``since``) waits: it is in flight and timed."""
+        self.pending.add(i)
+        self._started[i] = since
+
     def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
+        self.latency.record(i, time.perf_counter() - self._started[i])
         self.pending.discard(i)
         if error is None:
             self._results[i] = value

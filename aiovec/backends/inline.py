@@ -8,6 +8,7 @@ all, and envs that wait overlap their waits.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -87,6 +88,7 @@ class InlineBackend(Backend):
     def _run_each(self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]]) -> None:
         """Run each ``(i, sync_fn, async_fn, args)``: sync envs now, async ones eagerly."""
         is_async, lanes, results = self._is_async, self._lanes, self._results
+        since = time.perf_counter()
         loop: asyncio.AbstractEventLoop | None = None
         caller = None
         try:
@@ -106,7 +108,7 @@ class InlineBackend(Backend):
                     self._fail(i, exc)
                     continue
                 if value is PENDING:
-                    self.pending.add(i)
+                    self._mark_waiting(i, since)
                 else:
                     results[i] = value
         finally:

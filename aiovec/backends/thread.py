@@ -148,7 +148,7 @@ class ThreadBackend(Backend):
 
     def _submit(self, job: tuple[int, int, Any, tuple[Any, ...]]) -> None:
         i, generation = job[0], job[1]
-        self.pending.add(i)
+        self._mark_waiting(i, time.perf_counter())
         if self.limiter is not None:
             token = self._tokens[i, generation] = object()
             try:

@@ -1,0 +1,75 @@
+"""Per-env latency of calls that waited: which server is slow?
+
+Pure: the backend measures, this module keeps the last ``window`` samples of
+each env and summarises them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ("LatencyBook", "LatencyStats")
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Latency of each env's recent calls that waited, in seconds.
+
+    Timed are the calls of async envs that suspended and every call on the
+    thread backend; an env with no such call has NaN.
+
+    Attributes:
+        count: Calls timed per env (at most the window kept).
+        p50: Median latency per env.
+        p99: 99th percentile per env.
+        mean: Mean latency per env.
+        overall_p50: Median over every env's samples.
+        overall_p99: 99th percentile over every env's samples.
+    """
+
+    count: np.ndarray
+    p50: np.ndarray
+    p99: np.ndarray
+    mean: np.ndarray
+    overall_p50: float
+    overall_p99: float
+
+    def slowest(self, k: int = 5) -> list[int]:
+        """The ``k`` env indices with the highest p99 (envs never timed are left out)."""
+        timed = np.flatnonzero(self.count > 0)
+        order = timed[np.argsort(-self.p99[timed], kind="stable")]
+        return [int(i) for i in order[:k]]
+
+
+class LatencyBook:
+    """The last ``window`` latencies of each env."""
+
+    def __init__(self, num_envs: int, window: int = 256) -> None:
+        self._samples = np.full((num_envs, window), np.nan)
+        self._written = np.zeros(num_envs, dtype=np.int64)
+
+    def record(self, i: int, seconds: float) -> None:
+        """Add one sample for env ``i``."""
+        window = self._samples.shape[1]
+        self._samples[i, self._written[i] % window] = seconds
+        self._written[i] += 1
+
+    def summary(self) -> LatencyStats:
+        """Percentiles per env and overall."""
+        samples = self._samples
+        with warnings.catch_warnings():  # envs never timed are all-NaN rows: NaN is the answer
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p50, p99 = np.nanpercentile(samples, [50, 99], axis=1)
+            mean = np.nanmean(samples, axis=1)
+            flat = samples[~np.isnan(samples)]
+        overall = np.percentile(flat, [50, 99]) if flat.size else np.array([np.nan, np.nan])
+        count = np.minimum(self._written, samples.shape[1])
+        return LatencyStats(count, p50, p99, mean, float(overall[0]), float(overall[1]))
+
+    def clear(self) -> None:
+        """Forget every sample."""
+        self._samples.fill(np.nan)
+        self._written.fill(0)
