@@ -773,7 +773,23 @@ class ServerThread:
 # --------------------------------------------------------------------------- the clients
 
 
-class GameClientEnv(AsyncEnv[Obs, np.int64]):
+class _ClientSettings:
+    """What both clients share: a loopback address and limits."""
+
+    host: str
+    port: int
+    connect_timeout: float
+    max_message_bytes: int
+
+    def _configure(
+        self, host: str, port: int | None, connect_timeout: float, max_message_bytes: int
+    ) -> None:
+        self.host, self.port = _loopback_address(host, port, type(self).__name__)
+        self.connect_timeout = connect_timeout
+        self.max_message_bytes = max_message_bytes
+
+
+class GameClientEnv(_ClientSettings, AsyncEnv[Obs, np.int64]):
     """An :class:`aiovec.AsyncEnv` that plays :class:`ChaseGame` on a :class:`GameServer`.
 
     The spaces are known at construction, so a vector env can be built before
@@ -804,9 +820,7 @@ class GameClientEnv(AsyncEnv[Obs, np.int64]):
         connect_timeout: float = 5.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self.host, self.port = _loopback_address(host, port, type(self).__name__)
-        self.connect_timeout = connect_timeout
-        self.max_message_bytes = max_message_bytes
+        self._configure(host, port, connect_timeout, max_message_bytes)
         self.observation_space, self.action_space = game_spaces()
         self.game: dict[str, Any] | None = None  # the server's game parameters, once greeted
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -867,7 +881,7 @@ class GameClientEnv(AsyncEnv[Obs, np.int64]):
             streams[1].transport.abort()
 
 
-class BlockingGameClientEnv(gymnasium.Env[Obs, np.int64]):
+class BlockingGameClientEnv(_ClientSettings, gymnasium.Env[Obs, np.int64]):
     """:class:`GameClientEnv` over a blocking socket: a plain ``gymnasium.Env``.
 
     Same protocol and results; for thread pools and ``gymnasium`` vector envs.
@@ -890,9 +904,7 @@ class BlockingGameClientEnv(gymnasium.Env[Obs, np.int64]):
         connect_timeout: float = 5.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self.host, self.port = _loopback_address(host, port, type(self).__name__)
-        self.connect_timeout = connect_timeout
-        self.max_message_bytes = max_message_bytes
+        self._configure(host, port, connect_timeout, max_message_bytes)
         self.observation_space, self.action_space = game_spaces()
         self.game: dict[str, Any] | None = None
         self._sock: socket.socket | None = None

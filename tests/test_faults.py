@@ -52,6 +52,15 @@ class AsyncHang(aiovec.AsyncEnv[Any, Any]):
         return self.env.step(action)
 
 
+def hanging(flavour: str, at: int) -> tuple[Any, Any]:
+    """An event that releases a hung env, and a factory of an env hanging on step ``at``."""
+    if flavour == "async":
+        release: Any = asyncio.Event()
+        return release, lambda: AsyncHang(SpaceEnv(), at, release)
+    release = threading.Event()
+    return release, lambda: Hang(SpaceEnv(), at, release)
+
+
 def flavoured(fn, flavour):
     return (lambda: AsyncTwin(fn())) if flavour == "async" else fn
 
@@ -65,12 +74,7 @@ def compare_rows(got, want, rows):
 @pytest.mark.asyncio
 async def test_a_late_env_times_out_and_never_leaks_stale_data(backend, flavour):
     """gymnasium's step_wait(timeout) returns the late step's data on the next call."""
-    if flavour == "async":
-        release: Any = asyncio.Event()
-        hang = lambda: AsyncHang(SpaceEnv(), 3, release)  # noqa: E731
-    else:
-        release = threading.Event()
-        hang = lambda: Hang(SpaceEnv(), 3, release)  # noqa: E731
+    release, hang = hanging(flavour, at=3)
     fns = [flavoured(SpaceEnv, flavour), hang, flavoured(SpaceEnv, flavour)]
     oracle = gymnasium.vector.SyncVectorEnv([SpaceEnv] * 3)
     actions = np.array([0, 1, 2])
@@ -129,12 +133,7 @@ async def test_restart_rebuilds_the_failed_env_and_keeps_every_other_transition(
 @pytest.mark.parametrize(("backend", "flavour"), HANG_SETUPS)
 @pytest.mark.asyncio
 async def test_a_timed_out_env_is_restarted(backend, flavour):
-    if flavour == "async":
-        release: Any = asyncio.Event()
-        hang = lambda: AsyncHang(SpaceEnv(), 2, release)  # noqa: E731
-    else:
-        release = threading.Event()
-        hang = lambda: Hang(SpaceEnv(), 2, release)  # noqa: E731
+    release, hang = hanging(flavour, at=2)
     fns = [hang, flavoured(SpaceEnv, flavour)]
     async with aiovec.AsyncioVectorEnv(
         fns, backend=backend, step_timeout=0.2, on_error="restart"
