@@ -3,9 +3,10 @@
 aiovec drives coroutines eagerly (``coro.send(None)``); one that waits is
 handed, with what it yielded, to a task.  ``Resume(coro, yielded)`` is itself a
 coroutine object: as a task's coroutine (``loop.create_task(Resume(...))``) or
-awaited (``await Resume(...)``), its first step re-yields what ``coro`` is
-waiting on, and from then on every ``send``/``throw``/``close`` goes straight to
-``coro``, as if the task had run it from the start.  A cancellation that
+awaited (``await Resume(...)``, which delegates to ``coro`` in C after the
+first step), its first step re-yields what ``coro`` is waiting on, and from
+then on every ``send``/``throw``/``close`` goes straight to ``coro``, as if the
+task had run it from the start.  A cancellation that
 arrives before the first step (a task cancelled before it ever ran) reaches
 ``coro`` too, so it always unwinds through its own ``except``/``finally``.
 """
@@ -49,10 +50,24 @@ class Resume(Coroutine[Any, Any, Any]):
         self._coro.close()
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        return self  # a coroutine object is its own iterator
+        first, self._first = self._first, None
+        self._started = True
+        return _carry_on(self._coro, first)
 
-    def __next__(self) -> Any:
-        return self.send(None)
 
-    def __iter__(self) -> Resume:
-        return self
+def _carry_on(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Generator[Any, Any, Any]:
+    """Re-yield what ``coro`` waits on, then delegate to it in C (``yield from``).
+
+    A task only ever sends ``None`` (a future's result is read by the code that
+    awaited it), so after the first yield ``coro`` is simply resumed; an
+    exception thrown at that point (a cancellation) is delivered into it first.
+    """
+    try:
+        yield waiting_on
+    except BaseException as exc:
+        try:
+            waiting_on = coro.throw(exc)
+        except StopIteration as stop:
+            return stop.value
+        return (yield from _carry_on(coro, waiting_on))
+    return (yield from coro.__await__())
