@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 import gymnasium
 import numpy as np
 from gymnasium.core import RenderFrame
@@ -58,6 +59,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         on_error: str | RestartPolicy = "raise",
         copy: bool = True,
         reset_timeout: float | None = None,
+        max_concurrency: int | anyio.CapacityLimiter | None = None,
     ) -> None:
         self._runner = Runner()
         try:
@@ -70,6 +72,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                 on_error=on_error,
                 copy=copy,
                 reset_timeout=reset_timeout,
+                max_concurrency=max_concurrency,
             )
         except BaseException:
             self._runner.close()

@@ -119,3 +119,15 @@ def test_mixed_protocol_envs_are_refused():
 
     with pytest.raises(TypeError, match="mixes protocols"):
         aiovec.AsyncioVectorEnv([Mixed])
+
+
+def test_both_front_ends_take_exactly_the_same_arguments():
+    import inspect
+
+    def parameters(cls):
+        return [
+            (p.name, p.kind, p.default, p.annotation)
+            for p in inspect.signature(cls.__init__).parameters.values()
+        ]
+
+    assert parameters(aiovec.BlockingVectorEnv) == parameters(aiovec.AsyncioVectorEnv)
