@@ -1,9 +1,22 @@
 """``AsyncioVectorEnv``: the one implementation of a vector env's calls.
 
-Each public coroutine does the same four things: check the lifecycle table,
-validate its arguments (nothing touched yet), ask the core for the op to run
-and hand it to the backend, then ask the core to batch what came back.  The
-blocking front end forwards here; no rule is written anywhere else.
+Theory of operation.  Each public call does the same four things: check the
+lifecycle table (``_core/lifecycle.py``), validate its arguments (nothing is
+touched yet), hand the backend an op (``_core/ops.py``) and batch what comes
+back (``_core/batching.py``).  ``BlockingVectorEnv`` forwards here; no rule is
+written anywhere else.
+
+- ``_run`` is the path of every full-batch call: ``_gather`` launches the op and
+  collects every env's outcome, turning envs still running at the deadline
+  (``step_timeout``/``reset_timeout``) into ``TimeoutError``s after cancelling
+  them; ``_restart`` replaces the failed envs of a step when a restart policy is
+  set; ``_raise_for`` turns the remaining failures into ``EnvError`` (or
+  ``EnvTimeoutError``) and says which state the vector env is left in.
+- ``send``/``recv`` are partial stepping: ``send`` launches a step for some envs
+  and returns; ``recv`` collects (``_collect_sent``) until ``min_envs`` are in,
+  cancelling envs past their own deadline, and batches that subset.
+- ``_unwound`` is set while a call waits on envs, so that ``close()`` can cancel
+  the envs and wait for that call to unwind before closing them.
 """
 
 from __future__ import annotations
