@@ -42,9 +42,9 @@ from aiovec._core.lifecycle import Lifecycle, Op, State
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.ops import Op as BackendOp
 from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
-from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError
+from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
 from aiovec.backends import Backend, load_backend
-from aiovec.backends._base import Outcomes, close_quietly
+from aiovec.backends._base import Outcomes
 
 __all__ = ("AsyncioVectorEnv", "RecvBatch")
 
@@ -598,15 +598,19 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life.break_(f"{name}() failed in env {min(errors)}")
         else:
             self._life.state = before
-        timed_out = any(isinstance(e, TimeoutError) for e in errors.values())
-        raise (EnvTimeoutError if timed_out else EnvError)(errors, f"{name}()")
+        kind = EnvError
+        if any(isinstance(e, WorkerDiedError) for e in errors.values()):
+            kind = WorkerDiedError
+        elif any(isinstance(e, TimeoutError) for e in errors.values()):
+            kind = EnvTimeoutError
+        raise kind(errors, f"{name}()")
 
     def _close_now(self) -> None:
         """Close during a failed construction (no loop needed)."""
         backend = self._backend
         self._life.state = State.CLOSED
-        if backend is not None and backend.envs is not None:
-            close_quietly(backend.envs)
+        if backend is not None:
+            backend.close_now()
 
 
 def _check_name(name: object) -> str:

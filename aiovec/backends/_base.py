@@ -19,11 +19,20 @@ from typing import Any
 import anyio
 from gymnasium import spaces
 
+from aiovec._core.calls import CLOSE
 from aiovec._core.latency import LatencyBook
-from aiovec._core.ops import Op
+from aiovec._core.ops import CallOp, Op
 from aiovec._errors import EnvError
 
-__all__ = ("Backend", "EnvTraits", "Outcomes", "build_envs", "check_env", "close_quietly")
+__all__ = (
+    "Backend",
+    "EnvTraits",
+    "Outcomes",
+    "build_envs",
+    "check_env",
+    "check_rebuilt",
+    "close_quietly",
+)
 
 Outcomes = tuple[dict[int, Any], dict[int, BaseException]]
 
@@ -96,18 +105,36 @@ class Backend(abc.ABC):
         """
 
     def _check_rebuilt(self, i: int, env: Any) -> None:
-        check_env(i, env)
         traits = self.traits
-        for kind, space, first in (
-            ("observation_space", env.observation_space, traits.observation_spaces[0]),
-            ("action_space", env.action_space, traits.action_spaces[0]),
-        ):
-            if space != first:
-                raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")
+        check_rebuilt(i, env, traits.observation_spaces[0], traits.action_spaces[0])
 
     @abc.abstractmethod
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env and release every resource; returns close errors by env."""
+
+    def close_now(self) -> None:
+        """Release everything at once, without a loop (construction failed)."""
+        close_quietly(self.envs or ())
+
+    async def _close_envs(
+        self,
+        indices: Sequence[int],
+        timeout: float | None = None,  # noqa: ASYNC109  (envs late by then are reported)
+    ) -> dict[int, BaseException]:
+        """Finish what is in flight, then close the envs ``indices``; errors by env.
+
+        An env whose ``close()`` has not finished within ``timeout`` seconds is
+        abandoned and reported with a ``TimeoutError``.
+        """
+        await self.drain()
+        self.launch(indices, CallOp([CLOSE] * len(indices), "close"))
+        _, errors = await self.collect(len(indices), timeout=timeout)
+        for i in sorted(self.pending):
+            errors[i] = TimeoutError(f"env {i}'s close() did not finish in {timeout} s")
+        if self.pending:
+            self.cancel()
+            self.take()
+        return errors
 
     def _mark_waiting(self, i: int, since: float) -> None:
         """Env ``i``'s call (started at ``since``) waits: it is in flight and timed."""
@@ -196,6 +223,19 @@ def check_env(i: int, env: Any) -> None:
             f"env_fns[{i}]() must return an env (an aiovec.AsyncEnv or gymnasium.Env), got "
             f"{type(env).__name__}, which lacks {', '.join(missing)}"
         )
+
+
+def check_rebuilt(
+    i: int, env: Any, observation_space: spaces.Space[Any], action_space: spaces.Space[Any]
+) -> None:
+    """A rebuilt env ``i`` must be an env with the same spaces as the others."""
+    check_env(i, env)
+    for kind, space, first in (
+        ("observation_space", env.observation_space, observation_space),
+        ("action_space", env.action_space, action_space),
+    ):
+        if space != first:
+            raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")
 
 
 def close_quietly(envs: Sequence[Any]) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import anyio
 
-from aiovec._core.calls import CLOSE, new_step_flow
-from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._core.calls import new_step_flow
+from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
 from aiovec.backends._base import Backend, EnvTraits, build_envs, close_quietly
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
@@ -155,8 +155,6 @@ class InlineBackend(Backend):
 
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env (concurrently), then end every lane."""
-        await self.drain()
-        self.launch(range(self.num_envs), CallOp([CLOSE] * self.num_envs, "close"))
-        _, errors = await self.collect(self.num_envs)
+        errors = await self._close_envs(range(self.num_envs))
         await self._lanes.aclose()
         return errors

@@ -29,8 +29,8 @@ from typing import Any
 
 import anyio
 
-from aiovec._core.calls import CLOSE, new_step_flow
-from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._core.calls import new_step_flow
+from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
 from aiovec._errors import EnvError
 from aiovec.backends._base import Backend, EnvTraits, check_env, close_quietly
@@ -255,13 +255,7 @@ class ThreadBackend(Backend):
 
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env on its thread, then stop and join the threads."""
-        await self.drain()
-        self.launch(range(self.num_envs), CallOp([CLOSE] * self.num_envs, "close"))
-        _, errors = await self.collect(self.num_envs, timeout=_CLOSE_TIMEOUT)
-        for i in sorted(self.pending):
-            errors[i] = TimeoutError(f"env {i}'s close() did not finish in {_CLOSE_TIMEOUT} s")
-        self.cancel()
-        self.take()
+        errors = await self._close_envs(range(self.num_envs), _CLOSE_TIMEOUT)
         self._stop_workers()
         return errors
 
