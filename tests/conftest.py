@@ -34,7 +34,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import aiovec
 from aiovec.testing import AsyncTwin, SpaceEnv
 
-BACKENDS = ["inline", "thread"]
+BACKENDS = ["inline", "thread", "process"]
 SYNC_ONLY_BACKENDS = {"thread"}  # they run synchronous (blocking) envs only
 FRONT_ENDS = ["await", "blocking"]
 FLAVOURS = ["sync", "async"]

@@ -15,9 +15,9 @@ __all__ = ("Backend", "EnvTraits", "load_backend")
 _MODULES = {
     "inline": ("aiovec.backends.inline", "InlineBackend"),
     "thread": ("aiovec.backends.thread", "ThreadBackend"),
+    "process": ("aiovec.backends.process", "ProcessBackend"),
 }
 _PLANNED = {
-    "process": "the process backend",
     "ray": 'the Ray backend (pip install "aiovec[ray]")',
 }
 

@@ -1,0 +1,269 @@
+"""CPU-bound envs on every core: ``backend="process"`` against gymnasium's vector envs.
+
+Run from the repository root::
+
+    python benchmarks/cpu.py            # full run, a few minutes
+    python benchmarks/cpu.py --quick    # CI smoke test
+    python benchmarks/cpu.py --reps 7 --json cpu.json
+
+Cases (W = 2 workers for aiovec): CartPole-v1 with N = 32 and N = 256, and
+``BusyCartPole`` (CartPole plus ~100 us of pure Python per step) with N = 32.
+Candidates, interleaved in every repetition: gymnasium ``SyncVectorEnv`` (the
+baseline), gymnasium ``AsyncVectorEnv`` (one process per env; N = 32 only) and
+``aiovec.BlockingVectorEnv(backend="process", num_workers=2)``.  Reported:
+thousands of env-steps per second (medians of the repetitions), the speed-up
+over the baseline (median of per-repetition ratios) with PASS/MISS against the
+targets of issue 4, the round trip of one trivial step with N = W = 2, and the
+memory of each worker.  Timings never make the script fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+import numpy as np
+from _common import Candidate, machine_info, median_ratio, run_interleaved, timed_sync
+from gymnasium.envs.classic_control import CartPoleEnv
+
+import aiovec
+from aiovec.testing import TrivialEnv
+
+SYNC, ASYNC, PROCESS = "gymnasium SyncVectorEnv", "gymnasium AsyncVectorEnv", "aiovec process W=2"
+# (env, N, candidate) -> minimum speed-up over SyncVectorEnv (AsyncVectorEnv: over it)
+TARGETS = {
+    ("CartPole-v1", 32, SYNC): 1.3,
+    ("CartPole-v1", 32, ASYNC): 5.0,
+    ("CartPole-v1", 256, SYNC): 1.7,
+    ("BusyCartPole", 32, SYNC): 1.75,
+}
+
+
+class BusyCartPole(CartPoleEnv):
+    """CartPole that also spends ~100 us of pure-Python work in every step."""
+
+    loops = 1000  # calibrated in main() so that one step costs about 100 us more
+
+    def step(self, action: Any) -> Any:
+        total = 0
+        for k in range(self.loops):
+            total += k
+        return super().step(action)
+
+
+def make_cartpole() -> Any:
+    return gymnasium.make("CartPole-v1")
+
+
+def make_busy() -> Any:
+    return gymnasium.wrappers.TimeLimit(BusyCartPole(), 500)
+
+
+@dataclass
+class Case:
+    env: str
+    num_envs: int
+    make: Callable[[], Any]
+    with_async: bool
+
+
+def _stepper(venv: Any, num_envs: int, close: Callable[[], object]) -> Candidate:
+    actions = np.random.default_rng(0).integers(0, 2, size=(64, num_envs))
+
+    def run(steps: int) -> float:
+        def body() -> None:
+            for t in range(steps):
+                venv.step(actions[t % 64])
+
+        return timed_sync(body, lambda: venv.reset(seed=0))
+
+    return Candidate("", run, close)
+
+
+def candidates(case: Case) -> list[Candidate]:
+    fns = [case.make] * case.num_envs
+    made: list[tuple[str, Any]] = [(SYNC, gymnasium.vector.SyncVectorEnv(fns))]
+    if case.with_async:
+        made.append((ASYNC, gymnasium.vector.AsyncVectorEnv(fns)))
+    made.append((PROCESS, aiovec.BlockingVectorEnv(fns, backend="process", num_workers=2)))
+    out = []
+    for name, venv in made:
+        cand = _stepper(venv, case.num_envs, venv.close)
+        cand.name = name
+        out.append(cand)
+    return out
+
+
+def run_case(case: Case, args: argparse.Namespace) -> list[dict[str, Any]]:
+    cands = candidates(case)
+    steps = args.steps * 32 // case.num_envs
+    try:
+        run_interleaved(cands, steps=steps, reps=args.reps, warmup_steps=max(5, steps // 10))
+    finally:
+        for cand in cands:
+            cand.close()
+    by_name = {c.name: c for c in cands}
+    ours = by_name[PROCESS]
+    rows = []
+    for cand in cands:
+        rate = steps * case.num_envs / statistics.median(cand.seconds) / 1000
+        row: dict[str, Any] = {
+            "env": case.env,
+            "num_envs": case.num_envs,
+            "candidate": cand.name,
+            "steps": steps,
+            "k_env_steps_per_s": rate,
+            "seconds": cand.seconds,
+        }
+        if cand is not ours:
+            speedup = median_ratio(cand.seconds, ours.seconds)
+            target = TARGETS.get((case.env, case.num_envs, cand.name))
+            row.update(speedup=speedup, target=target)
+            row["passed"] = None if target is None else speedup >= target
+        rows.append(row)
+    return rows
+
+
+def round_trip(args: argparse.Namespace) -> dict[str, Any]:
+    """One step of N = W = 2 trivial envs: the fixed cost of a round trip."""
+    calls = 200 if args.quick else 2000
+    fns = [TrivialEnv] * 2
+    cands = []
+    for name, venv in (
+        (SYNC, gymnasium.vector.SyncVectorEnv(fns)),
+        (PROCESS.replace("W=2", "N=W=2"), aiovec.BlockingVectorEnv(fns, backend="process")),
+    ):
+        cand = _stepper(venv, 2, venv.close)
+        cand.name = name
+        cands.append(cand)
+    try:
+        run_interleaved(cands, steps=calls, reps=args.reps, warmup_steps=50)
+    finally:
+        for cand in cands:
+            cand.close()
+    return {c.name: statistics.median(c.seconds) / calls * 1e6 for c in cands}
+
+
+def worker_memory() -> list[dict[str, float]]:
+    """RSS and PSS (MiB) of each worker of a CartPole N=32, W=2 process backend."""
+    venv = aiovec.BlockingVectorEnv([make_cartpole] * 32, backend="process", num_workers=2)
+    try:
+        venv.reset(seed=0)
+        pids = venv.unwrapped._backend.pids  # type: ignore[attr-defined]
+        return [{"pid": pid, **_memory(pid)} for pid in pids]
+    finally:
+        venv.close()
+
+
+def _memory(pid: int) -> dict[str, float]:
+    out = {}
+    for key, path in (("rss_mib", "status"), ("pss_mib", "smaps_rollup")):
+        with open(f"/proc/{pid}/{path}", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmRSS:" if key == "rss_mib" else "Pss:"):
+                    out[key] = int(line.split()[1]) / 1024
+                    break
+    return out
+
+
+def calibrate_busy(target_us: float = 100.0) -> int:
+    env = BusyCartPole()
+    env.reset(seed=0)
+    env.loops = 0
+    base = _time_steps(env)
+    env.loops = 1000
+    per_loop = (_time_steps(env) - base) / 1000
+    env.close()
+    return max(1, round(target_us / per_loop))
+
+
+def _time_steps(env: BusyCartPole, steps: int = 300) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        _, _, term, trunc, _ = env.step(0)
+        if term or trunc:
+            env.reset()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[str, Any]) -> None:
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    print(f"BusyCartPole: {extra['busy_loops']} loop iterations (~100 us) per step")
+    print()
+    print("| env | N | candidate | k env-steps/s | aiovec speed-up over it | target |")
+    print("|---|---:|---|---:|---:|---|")
+    for r in rows:
+        speedup = f"{r['speedup']:.2f}x" if "speedup" in r else ""
+        target = ""
+        if r.get("target") is not None:
+            target = f">= {r['target']:.2f}x {'PASS' if r['passed'] else 'MISS'}"
+        print(
+            f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
+            f"| {r['k_env_steps_per_s']:.1f} | {speedup} | {target} |"
+        )
+    print()
+    print("| one step of 2 trivial envs | us per step |")
+    print("|---|---:|")
+    for name, us in extra["round_trip_us"].items():
+        print(f"| {name} | {us:.1f} |")
+    print()
+    for m in extra["worker_memory"]:
+        print(f"worker {m['pid']}: RSS {m['rss_mib']:.1f} MiB, PSS {m['pss_mib']:.1f} MiB")
+    passed = sum(r.get("passed") is True for r in rows)
+    missed = sum(r.get("passed") is False for r in rows)
+    print(f"targets: {passed} PASS, {missed} MISS")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few steps, 2 reps (CI smoke test)")
+    parser.add_argument("--reps", type=int, help="repetitions (default 5, --quick 2)")
+    parser.add_argument("--steps", type=int, help="vector steps per timing at N=32")
+    parser.add_argument("--json", metavar="FILE", help="also write all timings as JSON")
+    args = parser.parse_args(argv)
+    if args.reps is None:
+        args.reps = 2 if args.quick else 5
+    if args.steps is None:
+        args.steps = 40 if args.quick else 400
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    started = time.perf_counter()
+    info = machine_info()
+    BusyCartPole.loops = calibrate_busy()
+    cases = [
+        Case("CartPole-v1", 32, make_cartpole, True),
+        Case("CartPole-v1", 256, make_cartpole, False),
+        Case("BusyCartPole", 32, make_busy, True),
+    ]
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        rows += run_case(case, args)
+        print(f"  measured {case.env} N={case.num_envs}", file=sys.stderr, flush=True)
+    extra = {
+        "busy_loops": BusyCartPole.loops,
+        "round_trip_us": round_trip(args),
+        "worker_memory": worker_memory(),
+    }
+    print_report(info, rows, extra)
+    elapsed = time.perf_counter() - started
+    print(f"({args.reps} repetitions, {elapsed:.0f} s in all)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"machine": info, "argv": sys.argv, "rows": rows, **extra}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
