@@ -157,7 +157,7 @@ def worker_memory() -> list[dict[str, float]]:
     venv = aiovec.BlockingVectorEnv([make_cartpole] * 32, backend="process", num_workers=2)
     try:
         venv.reset(seed=0)
-        pids = venv.unwrapped._backend.pids  # type: ignore[attr-defined]
+        pids = venv.vector_env._backend.pids  # type: ignore[union-attr]
         return [{"pid": pid, **_memory(pid)} for pid in pids]
     finally:
         venv.close()
