@@ -179,3 +179,32 @@ def test_latency_stats_on_the_thread_backend():
         stats = envs.latency_stats()
     assert stats.count.tolist() == [2, 2]  # the reset and the step
     assert (stats.p50 > 0).all()
+
+
+class Clock:
+    """A fake perf_counter that only the envs move: one unit of work, one second."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.asyncio
+async def test_time_queued_for_a_token_is_not_counted_as_latency(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+
+    class OneUnit(AsyncServerEnv):
+        async def step(self, action):
+            clock.now += 1.0  # this env's own work
+            await asyncio.sleep(0)
+            return 0, 0.0, False, False, {}
+
+    fns: list[Any] = [lambda: OneUnit(Peak())] * 4
+    async with aiovec.AsyncioVectorEnv(fns, max_concurrency=1) as venv:
+        await venv.reset()
+        await venv.step(np.zeros(4, np.int64))
+        stats = venv.latency_stats()
+    assert stats.p50.tolist() == [1.0] * 4  # not 1, 2, 3, 4: queueing is not the server's

@@ -7,7 +7,7 @@ eager) and otherwise waits for one; it gives it back when it has finished.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -16,9 +16,16 @@ __all__ = ("limited",)
 
 
 async def limited(
-    limiter: anyio.CapacityLimiter, token: object, coro: Coroutine[Any, Any, Any]
+    limiter: anyio.CapacityLimiter,
+    token: object,
+    coro: Coroutine[Any, Any, Any],
+    started: Callable[[], None],
 ) -> Any:
-    """Await ``coro`` holding one of ``limiter``'s tokens (borrowed as ``token``)."""
+    """Await ``coro`` holding one of ``limiter``'s tokens (borrowed as ``token``).
+
+    ``started`` is called once the token is held after waiting for it, so that
+    the time spent queued is not counted as the env's latency.
+    """
     try:
         limiter.acquire_on_behalf_of_nowait(token)
     except anyio.WouldBlock:
@@ -27,6 +34,7 @@ async def limited(
         except BaseException:
             coro.close()  # never started: close it rather than leak it
             raise
+        started()
     try:
         return await coro
     finally:

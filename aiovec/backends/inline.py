@@ -102,7 +102,7 @@ class InlineBackend(Backend):
                         caller = lanes.enter(loop)
                     coro = async_fn(*args)
                     if self.limiter is not None:
-                        coro = limited(self.limiter, object(), coro)
+                        coro = limited(self.limiter, object(), coro, self._restamp(i))
                     value = lanes.start(i, coro)
                 except BaseException as exc:
                     self._fail(i, exc)
@@ -114,6 +114,14 @@ class InlineBackend(Backend):
         finally:
             if loop is not None:
                 lanes.leave(caller)
+
+    def _restamp(self, i: int) -> Callable[[], None]:
+        """Restart env ``i``'s latency clock (it waited for a concurrency token)."""
+
+        def restamp() -> None:
+            self._started[i] = time.perf_counter()
+
+        return restamp
 
     def _new_flow(self, i: int, op: StepOp) -> StepFlow:
         flow = self._flows[i] = new_step_flow(op.mode)

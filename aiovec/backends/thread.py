@@ -168,6 +168,7 @@ class ThreadBackend(Backend):
             raise
         finally:
             self._waiting.pop(i, None)
+        self._started[i] = time.perf_counter()  # queued time is not the env's latency
         self._worker(i).jobs.put(job)
 
     def _release(self, i: int, generation: int) -> None:
