@@ -321,7 +321,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.state = State.BUSY
         try:
             results, errors = await self._collect_sent(wanted, wait)
-            if errors and self._restartable(StepOp(self.autoreset_mode, (), ()), errors):
+            if errors and self._restartable(errors, step=True):
                 results.update(await self._restart(errors, "step"))
                 errors = {}
         except GeneratorExit:
@@ -500,7 +500,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.state = State.BUSY
         try:
             results, errors = await self._gather(indices, op)
-            if errors and self._restartable(op, errors):
+            if errors and self._restartable(errors, step=isinstance(op, StepOp)):
                 results.update(await self._restart(errors, op.name))
                 errors = {}
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
@@ -579,11 +579,11 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 return rows
         raise EnvError(todo, f"{name}() (restart failed after {policy.attempts} attempts)")
 
-    def _restartable(self, op: BackendOp, errors: dict[int, BaseException]) -> bool:
+    def _restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
         """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
         return (
             self.restart_policy is not None
-            and isinstance(op, StepOp)
+            and step
             and all(isinstance(e, Exception) for e in errors.values())
         )
 

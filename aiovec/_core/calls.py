@@ -25,7 +25,6 @@ __all__ = (
     "CLOSE",
     "RENDER",
     "STEP",
-    "Call",
     "CallMethod",
     "Close",
     "EnvCall",
@@ -88,7 +87,6 @@ class SetAttr:
 
 
 EnvCall = Reset | Step | Render | Close | GetAttr | CallMethod | SetAttr
-Call = EnvCall  # short alias used in annotations
 
 STEP = Step()
 RENDER = Render()

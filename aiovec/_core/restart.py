@@ -67,7 +67,6 @@ class RestartBook:
     def __init__(self, policy: RestartPolicy, num_envs: int) -> None:
         self.policy = policy
         self._times: list[collections.deque[float]] = [collections.deque() for _ in range(num_envs)]
-        self.total = 0
 
     def allow(self, i: int, now: float) -> bool:
         """Record a restart of env ``i`` at ``now``, unless it exceeds the limit."""
@@ -77,12 +76,7 @@ class RestartBook:
         if len(times) >= self.policy.max_restarts:
             return False
         times.append(now)
-        self.total += 1
         return True
-
-    def count(self, i: int) -> int:
-        """Restarts of env ``i`` within the current window."""
-        return len(self._times[i])
 
 
 def describe_failure(error: BaseException, operation: str) -> str:
