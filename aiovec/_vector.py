@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -249,7 +249,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.check(Op.STEP)
         per_env = self._batcher.split_actions(actions)
         reset_first = self._autoreset.plan()
-        op = StepOp(self.autoreset_mode, per_env, reset_first)
+        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions)
         results = await self._run(self._all, op, breaks=True)
         batch = self._batcher.step_batch(self._all, results)
         self._autoreset.stepped(None, batch[2], batch[3])
@@ -488,7 +488,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         results = await self._run(self._all, CallOp([call] * self.num_envs, name), breaks=False)
         return self._batcher.gather(self._all, results)
 
-    async def _run(self, indices: Sequence[int], op: BackendOp, *, breaks: bool) -> dict[int, Any]:
+    async def _run(
+        self, indices: Sequence[int], op: BackendOp, *, breaks: bool
+    ) -> MutableMapping[int, Any]:
         """Run ``op`` on ``indices`` and return every env's result, or raise.
 
         ``breaks``: a failure leaves envs half-updated (step, reset), so the

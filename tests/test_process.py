@@ -232,3 +232,130 @@ def test_envs_built_before_a_failed_construction_are_closed_in_workers(tmp_path:
     with open(path) as f:
         assert f.read().count("closed") == 3
     assert not _children()
+
+
+# -- shared memory ------------------------------------------------------------------
+
+
+class Odd(gymnasium.Env[np.ndarray, int]):
+    """A float32 Box env whose observations at chosen steps do not fit the buffer exactly."""
+
+    observation_space = spaces.Box(-10.0, 10.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.t = 0
+        self.kind = "exact"
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: int) -> Any:
+        self.t += 1
+        obs: Any = np.full(2, self.t + action, np.float32)
+        reward: Any = float(self.t)
+        if self.kind == "float64":  # batching casts it
+            obs = obs.astype(np.float64)
+        elif self.kind == "shape":  # batching refuses it
+            obs = np.zeros(3, np.float32)
+        elif self.kind == "reward":  # an odd reward type: batched by message
+            reward = np.array(reward)
+        return obs, reward, False, False, {"t": self.t} if self.t % 2 else {}
+
+
+def _backend_of(venv: Any) -> process_backend.ProcessBackend:
+    backend = venv.vector_env._backend
+    assert isinstance(backend, process_backend.ProcessBackend)
+    return backend
+
+
+@pytest.mark.parametrize("kind", ["float64", "reward"])
+def test_values_that_do_not_fit_the_buffer_are_batched_like_inline(kind: str) -> None:
+    outputs = []
+    for backend in ("inline", "process"):
+        with aiovec.BlockingVectorEnv([Odd] * 4, backend=backend, num_workers=2) as venv:
+            venv.reset(seed=0)
+            venv.set_attr("kind", [kind, "exact", "exact", kind])
+            outputs.append([venv.step(np.array([0, 1, 0, 1])) for _ in range(3)])
+    for (obs_a, rew_a, *_, infos_a), (obs_b, rew_b, *_, infos_b) in zip(*outputs, strict=True):
+        np.testing.assert_array_equal(obs_a, obs_b)
+        assert obs_a.dtype == obs_b.dtype == np.float32
+        np.testing.assert_array_equal(rew_a, rew_b)
+        assert infos_a.keys() == infos_b.keys()
+        for key in infos_a:
+            np.testing.assert_array_equal(infos_a[key], infos_b[key])
+
+
+def test_an_observation_of_the_wrong_shape_fails_like_inline() -> None:
+    errors = []
+    for backend in ("inline", "process"):
+        with aiovec.BlockingVectorEnv([Odd] * 2, backend=backend, num_workers=2) as venv:
+            venv.reset(seed=0)
+            venv.set_attr("kind", ["exact", "shape"])
+            with pytest.raises(ValueError, match="shape") as info:
+                venv.step(np.array([0, 1]))
+            errors.append(str(info.value))
+    assert errors[0] == errors[1]
+
+
+def test_step_data_goes_through_shared_memory_that_leaves_nothing_behind() -> None:
+    def shm() -> set[str]:
+        return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+    fds_before, shm_before = set(os.listdir("/proc/self/fd")), shm()
+    with aiovec.BlockingVectorEnv([_cartpole] * 4, backend="process", num_workers=2) as venv:
+        assert _backend_of(venv).shares_memory
+        venv.reset(seed=0)
+        venv.step(np.zeros(4, np.int64))
+    assert shm() == shm_before
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
+    assert not _children()
+
+
+def test_spaces_that_cannot_be_laid_out_travel_by_message() -> None:
+    text = spaces.Text(4)
+    fns = [lambda: SpaceEnv(text, spaces.Discrete(2))] * 2
+    outputs = []
+    for backend in ("inline", "process"):
+        with aiovec.BlockingVectorEnv(fns, backend=backend) as venv:
+            if backend == "process":
+                assert not _backend_of(venv).shares_memory
+            outputs.append([venv.reset(seed=1)[0], venv.step(np.array([0, 1]))[0]])
+    assert [list(o) for o in outputs[0]] == [list(o) for o in outputs[1]]
+
+
+def test_returned_observations_never_change_behind_the_callers_back() -> None:
+    with aiovec.BlockingVectorEnv([_cartpole] * 4, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        first, *_ = venv.step(np.zeros(4, np.int64))
+        kept = first.copy()
+        second, *_ = venv.step(np.ones(4, np.int64))
+        np.testing.assert_array_equal(first, kept)  # the next step did not overwrite it
+        assert not np.shares_memory(first, second)
+        second[:] = 99.0  # the caller's array: a later partial reset must not see this
+        mask = np.array([True, False, False, False])
+        obs, _ = venv.reset(options={"reset_mask": mask})
+        assert not (obs[1:] == 99.0).any()
+
+
+def test_actions_of_another_dtype_travel_by_message_with_the_same_results() -> None:
+    actions = np.random.default_rng(1).integers(0, 2, size=(20, 3))
+    outputs = []
+    for dtype in (np.int64, np.int32):
+        with aiovec.BlockingVectorEnv([_cartpole] * 3, backend="process", num_workers=2) as venv:
+            venv.reset(seed=3)
+            outputs.append([venv.step(a.astype(dtype))[0] for a in actions])
+    for a, b in zip(*outputs, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_requests_and_replies_larger_than_a_pipe_buffer() -> None:
+    big = np.arange(1 << 18, dtype=np.float64)  # 2 MiB, far beyond a pipe's 64 KiB
+    with aiovec.BlockingVectorEnv([Hang] * 2, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        venv.set_attr("blob", big)
+        blobs = venv.get_attr("blob")
+        assert all(np.array_equal(blob, big) for blob in blobs)
+        venv.step(np.zeros(2, np.int64))

@@ -17,6 +17,8 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from aiovec._core.calls import Transition
+from aiovec._core.layout import copy_rows
+from aiovec._core.rows import Rows, StepBlock
 from aiovec._core.validate import action_checker
 
 __all__ = ("Batcher", "StepBatch", "copy_batch", "stack_box")
@@ -97,6 +99,10 @@ class Batcher:
         self.copy = copy
         self._buffer: Any = create_empty_array(observation_space, n=num_envs, fn=np.zeros)
         self._env_obs: list[Any] = [None] * num_envs
+        # After a step that came in shared-memory blocks, each env's last observation
+        # is a row of this private batch; ``_env_obs`` is refreshed from it when needed.
+        self._block_obs: Any = None
+        self._block_obs_current = False
         # gymnasium's implementations for these spaces, resolved once (not per call)
         self._concatenate = concatenate.dispatch(type(observation_space))
         self._iterate = iterate.dispatch(type(self.action_space))
@@ -123,7 +129,7 @@ class Batcher:
         self, indices: Sequence[int], results: Mapping[int, tuple[Any, dict[str, Any]]]
     ) -> tuple[Any, dict[str, Any]]:
         """Batch the ``(obs, info)`` of the envs in ``indices`` (others keep their last obs)."""
-        env_obs = self._env_obs
+        env_obs = self._last_observations()
         merge = self._merge
         infos: dict[str, Any] = {}
         for i in indices:
@@ -134,11 +140,15 @@ class Batcher:
 
     def step_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
         """Batch the transitions of every env (``indices`` is ``range(num_envs)``)."""
+        if type(results) is Rows:
+            blocks = results.blocks_covering(self.num_envs)
+            if blocks is not None:
+                return self._step_blocks(blocks)
         # Transpose in C (zip), then touch per env only what needs Python.
         obs, rewards, terminations, truncations, infos_, finals = zip(
             *map(results.__getitem__, indices), strict=True
         )
-        env_obs = self._env_obs
+        env_obs = self._last_observations()
         if len(indices) == self.num_envs:
             env_obs[:] = obs
         else:
@@ -172,8 +182,9 @@ class Batcher:
         obs, rewards, terminations, truncations, infos_, finals = zip(
             *map(results.__getitem__, indices), strict=True
         )
+        env_obs = self._last_observations()
         for i, o in zip(indices, obs, strict=True):
-            self._env_obs[i] = o
+            env_obs[i] = o
         merge = cast(Any, _InfoMerger(rows))._add_info
         infos: dict[str, Any] = {}
         for k, (info, final) in enumerate(zip(infos_, finals, strict=True)):
@@ -195,6 +206,49 @@ class Batcher:
             np.array(truncations, dtype=np.bool_),
             infos,
         )
+
+    def _step_blocks(self, blocks: Sequence[StepBlock]) -> StepBatch:
+        """Batch a step whose every env came in shared-memory blocks: whole rows at once."""
+        n = self.num_envs
+        rewards = np.empty(n, dtype=np.float64)
+        terminations = np.empty(n, dtype=np.bool_)
+        truncations = np.empty(n, dtype=np.bool_)
+        if self._block_obs is None:
+            self._block_obs = create_empty_array(self.single_observation_space, n=n, fn=np.zeros)
+        observations = self._block_obs
+        extras: list[tuple[int, dict[str, Any] | None, dict[str, Any] | None]] = []
+        for block in blocks:
+            envs = block.envs
+            rows: slice | list[int] = (
+                slice(envs.start, envs.stop) if isinstance(envs, range) else list(envs)
+            )
+            arrays = block.arrays
+            rewards[rows] = arrays.rewards[rows]
+            terminations[rows] = arrays.terminations[rows]
+            truncations[rows] = arrays.truncations[rows]
+            copy_rows(observations, arrays.observations, rows)
+            if block.infos or block.finals:
+                extras.extend(
+                    (i, block.infos.get(i), block.finals.get(i))
+                    for i in sorted({*block.infos, *block.finals})
+                )
+        infos: dict[str, Any] = {}
+        merge = self._merge
+        for i, info, final in sorted(extras, key=lambda extra: extra[0]):
+            if final is not None:
+                infos = merge(infos, final, i)
+            if info:
+                infos = merge(infos, info, i)
+        self._block_obs_current = True
+        batch = copy_batch(observations) if self.copy else observations
+        return batch, rewards, terminations, truncations, infos
+
+    def _last_observations(self) -> list[Any]:
+        """Each env's last observation (refreshed from a block step's batch if one came last)."""
+        if self._block_obs_current:
+            self._env_obs[:] = iterate(self.observation_space, copy_batch(self._block_obs))
+            self._block_obs_current = False
+        return self._env_obs
 
     def _observations(self) -> Any:
         if self._box:  # a fresh array: nothing to copy, nothing shared

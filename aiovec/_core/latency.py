@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,12 @@ class LatencyBook:
     def record(self, i: int, seconds: float) -> None:
         """Add one sample for env ``i``."""
         self._samples[i].append(seconds)
+
+    def record_many(self, envs: Iterable[int], seconds: float) -> None:
+        """Add the same sample for each env of ``envs`` (their calls ended together)."""
+        samples = self._samples
+        for i in envs:
+            samples[i].append(seconds)
 
     def summary(self) -> LatencyStats:
         """Percentiles per env and overall."""

@@ -22,15 +22,24 @@ __all__ = ("CallOp", "Op", "StepOp")
 
 
 class StepOp(NamedTuple):
-    """Step envs: ``actions[k]`` and ``reset_first[k]`` belong to the k-th env."""
+    """Step envs: ``actions[k]`` and ``reset_first[k]`` belong to the k-th env.
+
+    ``batch`` is the validated batch of actions as the user gave it, when the
+    op covers every env in order: a process backend copies it into shared
+    memory at once instead of sending ``actions`` one by one.
+    """
 
     mode: AutoresetMode
     actions: Sequence[Any]
     reset_first: Sequence[bool]
     name: str = "step"
+    batch: Any = None
 
     def subset(self, positions: Sequence[int]) -> StepOp:
         """The same op restricted to some of its envs (by position)."""
+        if isinstance(positions, range) and positions.step == 1:  # a worker's whole group
+            part = slice(positions.start, positions.stop)
+            return StepOp(self.mode, self.actions[part], self.reset_first[part], self.name)
         return StepOp(
             self.mode,
             [self.actions[k] for k in positions],
@@ -47,6 +56,8 @@ class CallOp(NamedTuple):
 
     def subset(self, positions: Sequence[int]) -> CallOp:
         """The same op restricted to some of its envs (by position)."""
+        if isinstance(positions, range) and positions.step == 1:
+            return CallOp(self.calls[positions.start : positions.stop], self.name)
         return CallOp([self.calls[k] for k in positions], self.name)
 
 

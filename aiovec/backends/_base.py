@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from gymnasium import spaces
 from aiovec._core.calls import CLOSE
 from aiovec._core.latency import LatencyBook
 from aiovec._core.ops import CallOp, Op
+from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError
 
 __all__ = (
@@ -34,7 +35,7 @@ __all__ = (
     "close_quietly",
 )
 
-Outcomes = tuple[dict[int, Any], dict[int, BaseException]]
+Outcomes = tuple[MutableMapping[int, Any], dict[int, BaseException]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,7 @@ class Backend(abc.ABC):
         self.limiter = limiter
         self.latency = LatencyBook(self.num_envs)
         self._started = [0.0] * self.num_envs  # when each env's call in flight began
-        self._results: dict[int, Any] = {}
+        self._results: MutableMapping[int, Any] = self._new_results()
         self._errors: dict[int, BaseException] = {}
         self.pending: set[int] = set()
         self._waiter: asyncio.Future[None] | None = None
@@ -141,6 +142,10 @@ class Backend(abc.ABC):
         self.pending.add(i)
         self._started[i] = since
 
+    def _new_results(self) -> MutableMapping[int, Any]:
+        """An empty mapping for the results of the next collect."""
+        return {}
+
     def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
         self.latency.record(i, time.perf_counter() - self._started[i])
         self.pending.discard(i)
@@ -152,13 +157,24 @@ class Backend(abc.ABC):
         if waiter is not None and not waiter.done() and self._satisfied():
             waiter.set_result(None)
 
+    def _finish_block(self, block: StepBlock, since: float) -> None:
+        """The envs of ``block`` (started at ``since``) finished their step together."""
+        self.latency.record_many(block.envs, time.perf_counter() - since)
+        self.pending.difference_update(block.envs)
+        results = self._results
+        assert isinstance(results, Rows)
+        results.add_block(block)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and self._satisfied():
+            waiter.set_result(None)
+
     def _satisfied(self) -> bool:
         return not self.pending or len(self._results) + len(self._errors) >= self._wanted
 
     def take(self) -> Outcomes:
         """The outcomes that arrived since the last take or collect, without waiting."""
         outcomes = self._results, self._errors
-        self._results, self._errors = {}, {}
+        self._results, self._errors = self._new_results(), {}
         return outcomes
 
     async def collect(

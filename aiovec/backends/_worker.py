@@ -1,62 +1,93 @@
 """The child side of ``backend="process"``: one worker process hosting a group of envs.
 
-Theory of operation.  The parent starts the worker with its end of a pipe, the
-group's factories (cloudpickled) and the global index of its first env.  The
-worker builds the envs and answers ``(0, ("ready", traits))`` or
-``(0, ("failed", index, error))``.  Then it serves requests, in order, one
-reply per request:
+Theory of operation.  The parent starts the worker with two pipes (requests
+in, replies out; framed by ``_wire.py``), the shared step file (a descriptor,
+not yet sized), the group's factories (cloudpickled) and the global index of
+its first env.  The worker builds the envs and answers ``(0, ("ready",
+traits))`` or ``(0, ("failed", index, error, by_factory))``.  Then it serves
+requests, in order, one reply per request (``locals`` are positions in the
+group):
 
-- ``(seq, locals, op)``: run ``op`` (already sliced to this worker) on the
-  envs ``locals`` (positions in the group); reply ``(seq, outcomes)`` with one
-  ``(value, error)`` per env.  A ``StepOp`` goes through each env's own
-  :func:`~aiovec._core.calls.step_flow`, kept here, so ``SAME_STEP`` autoreset
-  costs no extra round trip.
-- ``(seq, locals, REBUILD)``: close those envs (best effort), build new ones;
+- ``(seq, STEP, locals, mode, reset_first, actions)``: step those envs through
+  their own :func:`~aiovec._core.calls.step_flow` (kept here, so ``SAME_STEP``
+  autoreset costs no extra round trip).  ``actions is None`` means "read them
+  from the shared step buffer".  Each transition goes into the shared buffer
+  when it fits it exactly; the reply ``(seq, (STEP, errors, infos, finals,
+  odd))`` carries only what did not: errors, infos that are not empty,
+  ``SAME_STEP`` finals, and whole transitions that did not fit (``odd``), all
+  by position.  Without a shared buffer, every transition is ``odd``.
+- ``(seq, CALL, locals, op)``: one call per env; reply ``(seq, outcomes)``
+  with one ``(value, error)`` per env.
+- ``(seq, REBUILD, locals)``: close those envs (best effort) and build new ones;
   reply ``(seq, {local: error})`` for the factories that failed.
+- ``(seq, ATTACH, layout)``: map the shared step file (the parent has sized
+  it); reply ``(seq, None)`` or ``(seq, error)``.
 - ``None``: stop.
 
 Async envs run on the worker's own event loop, gathered per request.  Errors
 travel as values; one that does not survive pickling is replaced by a
-``RuntimeError`` carrying its repr.  The worker ignores SIGINT: Ctrl-C is the
-parent's to handle, and the parent reaps its workers.
+``RuntimeError`` carrying its repr.  The worker ignores SIGINT (Ctrl-C is the
+parent's to handle, and the parent reaps its workers) and exits when its
+request pipe closes: the parent is gone (under ``fork``, workers started later
+hold copies of earlier workers' pipes; they exit too, so the closing cascades).
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing.process
+import mmap
+import os
 import pickle
 import signal
 import traceback
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
+import numpy as np
+from gymnasium.vector import AutoresetMode
 
-from aiovec._core.calls import new_step_flow
-from aiovec._core.ops import Op, StepOp
+from aiovec._core.calls import Transition, new_step_flow
+from aiovec._core.layout import StepArrays, StepLayout, take_rows
+from aiovec._core.ops import CallOp
 from aiovec._env import is_async_env
 from aiovec.backends._base import EnvTraits, check_env, check_rebuilt, close_quietly
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
+from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame, write_all
 
-__all__ = ("REBUILD", "main")
+__all__ = ("ATTACH", "CALL", "REBUILD", "STEP", "main")
 
-REBUILD = "rebuild"
+STEP, CALL, REBUILD, ATTACH = "step", "call", "rebuild", "attach"
 Outcome = tuple[Any, BaseException | None]
+StepReply = tuple[
+    str,
+    dict[int, BaseException],
+    dict[int, dict[str, Any]],
+    dict[int, dict[str, Any]],
+    dict[int, Transition],
+]
+
+# Values written to the shared buffer as they are; anything else travels by message
+# so that the parent batches it with the usual rules (and their errors).
+_NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.int64, np.int32, np.bool_})
+_FLAGS = frozenset({bool, np.bool_})
 
 
-def main(conn: Connection, factories: bytes, first: int) -> None:
+def main(
+    requests: Connection, replies: Connection, shared: SharedFile, factories: bytes, first: int
+) -> None:
     """Entry point of a worker process (``multiprocessing.Process`` target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = replies.fileno()
     try:
-        group = _Group(cloudpickle.loads(factories), first)
+        group = _Group(cloudpickle.loads(factories), first, shared.fd)
     except _BuildFailed as failed:
-        _send(conn, (0, ("failed", failed.index, _portable(failed.error), failed.by_factory)))
+        _send(out, (0, ("failed", failed.index, _portable(failed.error), failed.by_factory)))
         return
     try:
-        _send(conn, (0, ("ready", group.traits())))
-        group.serve(conn)
+        _send(out, (0, ("ready", group.traits())))
+        group.serve(requests.fileno(), out)
     finally:
         group.close()
 
@@ -68,10 +99,10 @@ class _BuildFailed(Exception):
 
 
 class _Group:
-    """The envs of one worker, their flows, and the loop their async calls run on."""
+    """The envs of one worker, their flows, the shared step buffer and an event loop."""
 
-    def __init__(self, fns: Sequence[Callable[[], Any]], first: int) -> None:
-        self.fns, self.first = list(fns), first
+    def __init__(self, fns: Sequence[Callable[[], Any]], first: int, shared_fd: int) -> None:
+        self.fns, self.first, self.shared_fd = list(fns), first, shared_fd
         self.envs: list[Any] = []
         for j in range(len(self.fns)):
             try:
@@ -90,60 +121,156 @@ class _Group:
         self.flows: list[StepFlow | None] = [None] * len(self.envs)
         self.spaces = (self.envs[0].observation_space, self.envs[0].action_space)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.layout: StepLayout | None = None
+        self.buffer: mmap.mmap | None = None
+        self.arrays: StepArrays | None = None
+        self.write_obs: Callable[[int, Any], bool] = lambda i, value: False
 
     def traits(self) -> EnvTraits:
         return EnvTraits.of(self.envs)
 
-    def serve(self, conn: Connection) -> None:
-        parent = multiprocessing.process.parent_process()
-        watched: list[Any] = [conn] if parent is None else [conn, parent.sentinel]
+    def serve(self, requests: int, replies: int) -> None:
+        """Answer requests until told to stop or the request pipe closes."""
+        frames = Frames()
         while True:
-            if conn not in wait(watched):  # the parent is gone
+            data = os.read(requests, READ_SIZE)
+            if not data:  # the parent is gone
                 return
-            try:
-                request = pickle.loads(conn.recv_bytes())
-            except EOFError:
-                return
-            if request is None:
-                return
-            seq, locals_, op = request
-            reply = self.rebuild(locals_) if op == REBUILD else self.run(locals_, op)
-            _send(conn, (seq, reply))
+            for payload in frames.feed(data):
+                request = pickle.loads(payload)
+                if request is None:
+                    return
+                seq, kind, *args = request
+                if kind == STEP:
+                    reply: Any = self.step(*args)
+                elif kind == CALL:
+                    reply = self.call(*args)
+                elif kind == REBUILD:
+                    reply = self.rebuild(*args)
+                else:
+                    reply = self.attach(*args)
+                _send(replies, (seq, reply))
 
-    def run(self, locals_: Sequence[int], op: Op) -> list[Outcome]:
-        """Run ``op`` on the envs ``locals_``: sync envs now, then async envs together."""
-        out: list[Outcome] = [(None, None)] * len(locals_)
+    # -- the shared step buffer -----------------------------------------------------
+
+    def attach(self, layout: StepLayout) -> BaseException | None:
+        """Map the shared step file, which the parent has sized for ``layout``."""
+        try:
+            self.buffer = mmap.mmap(self.shared_fd, layout.nbytes)
+        except (OSError, ValueError) as exc:
+            return _portable(exc)
+        self.layout = layout
+        self.arrays = layout.arrays(self.buffer)
+        self.write_obs = layout.observations.writer(self.arrays.observations)
+        return None
+
+    def _shared_actions(self, locals_: Sequence[int]) -> list[Any]:
+        """This step's actions of envs ``locals_``, copied out of the shared buffer."""
+        assert self.layout is not None
+        assert self.layout.actions is not None
+        assert self.arrays is not None
+        first = self.first
+        if isinstance(locals_, range):
+            rows: slice | list[int] = slice(first + locals_.start, first + locals_.stop)
+        else:
+            rows = [first + j for j in locals_]
+        batch = take_rows(self.arrays.actions, rows)
+        return self.layout.actions.split(batch, len(locals_))
+
+    # -- requests -------------------------------------------------------------------
+
+    def step(
+        self,
+        locals_: Sequence[int],
+        mode: str,
+        reset_first: Sequence[bool],
+        actions: Sequence[Any] | None,
+    ) -> StepReply:
+        """Step envs ``locals_``: sync envs now, then async envs together."""
+        if actions is None:
+            actions = self._shared_actions(locals_)
+        errors: dict[int, BaseException] = {}
+        infos: dict[int, dict[str, Any]] = {}
+        finals: dict[int, dict[str, Any]] = {}
+        odd: dict[int, Transition] = {}
         later: list[tuple[int, Any]] = []
-        stepping = isinstance(op, StepOp)
+        envs, flows, is_async = self.envs, self.flows, self.is_async
         for k, j in enumerate(locals_):
-            env = self.envs[j]
-            if stepping:
-                assert isinstance(op, StepOp)
-                flow = self.flows[j] or self._new_flow(j, op)
-                args: tuple[Any, ...] = (env, flow, op.reset_first[k], op.actions[k])
-            else:
-                args = (env, op.calls[k])  # type: ignore[union-attr]
-            if self.is_async[j]:
-                later.append((k, (step_async if stepping else perform_async)(*args)))
+            flow = flows[j] or self._new_flow(j, mode)
+            if is_async[j]:
+                later.append((j, step_async(envs[j], flow, reset_first[k], actions[k])))
                 continue
             try:
-                out[k] = ((step_sync if stepping else perform_sync)(*args), None)
+                transition = step_sync(envs[j], flow, reset_first[k], actions[k])
             except BaseException as exc:
-                out[k] = self._failed(j, exc)
+                errors[j] = self._failed(j, exc)
+                continue
+            self._put(j, transition, infos, finals, odd)
+        if later:
+            results = self._gather([coro for _, coro in later])
+            for (j, _), result in zip(later, results, strict=True):
+                if isinstance(result, BaseException):
+                    errors[j] = self._failed(j, result)
+                else:
+                    self._put(j, result, infos, finals, odd)
+        return STEP, errors, infos, finals, odd
+
+    def _put(
+        self,
+        j: int,
+        transition: Transition,
+        infos: dict[int, dict[str, Any]],
+        finals: dict[int, dict[str, Any]],
+        odd: dict[int, Transition],
+    ) -> None:
+        """Write env ``j``'s transition into the shared buffer, or keep it for the reply."""
+        obs, reward, terminated, truncated, info, final = transition
+        arrays, i = self.arrays, self.first + j
+        if (
+            arrays is not None
+            and type(reward) in _NUMBERS
+            and type(terminated) in _FLAGS
+            and type(truncated) in _FLAGS
+            and type(info) is dict
+            and self.write_obs(i, obs)
+        ):
+            arrays.rewards[i] = reward
+            arrays.terminations[i] = terminated
+            arrays.truncations[i] = truncated
+            if info:
+                infos[j] = info
+            if final is not None:
+                finals[j] = final
+        else:
+            odd[j] = transition
+
+    def call(self, locals_: Sequence[int], op: CallOp) -> list[Outcome]:
+        """One call per env of ``locals_``: sync envs now, then async envs together."""
+        out: list[Outcome] = [(None, None)] * len(locals_)
+        later: list[tuple[int, Any]] = []
+        for k, j in enumerate(locals_):
+            env, call = self.envs[j], op.calls[k]
+            if self.is_async[j]:
+                later.append((k, perform_async(env, call)))
+                continue
+            try:
+                out[k] = (perform_sync(env, call), None)
+            except BaseException as exc:
+                out[k] = None, self._failed(j, exc)
         if later:
             results = self._gather([coro for _, coro in later])
             for (k, _), result in zip(later, results, strict=True):
                 failed = isinstance(result, BaseException)
-                out[k] = self._failed(locals_[k], result) if failed else (result, None)
+                out[k] = (None, self._failed(locals_[k], result)) if failed else (result, None)
         return out
 
-    def _new_flow(self, j: int, op: StepOp) -> StepFlow:
-        flow = self.flows[j] = new_step_flow(op.mode)
+    def _new_flow(self, j: int, mode: str) -> StepFlow:
+        flow = self.flows[j] = new_step_flow(AutoresetMode(mode))
         return flow
 
-    def _failed(self, j: int, error: BaseException) -> Outcome:
+    def _failed(self, j: int, error: BaseException) -> BaseException:
         self.flows[j] = None  # it still expects the failed call's result
-        return None, _portable(error)
+        return _portable(error)
 
     def _gather(self, coros: list[Any]) -> list[Any]:
         if self.loop is None:
@@ -184,18 +311,29 @@ class _Group:
             self.loop.close()
 
 
-def _send(conn: Connection, message: tuple[int, Any]) -> None:
+def _send(fd: int, message: tuple[int, Any]) -> None:
     try:
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
     except Exception:
         data = pickle.dumps(_portable_message(message), pickle.HIGHEST_PROTOCOL)
-    conn.send_bytes(data)
+    write_all(fd, frame(data))
 
 
 def _portable_message(message: tuple[int, Any]) -> tuple[int, Any]:
+    """``message`` with every value that cannot be pickled replaced by an error."""
     seq, reply = message
     if isinstance(reply, list):
         return seq, [_portable_outcome(value, error) for value, error in reply]
+    if isinstance(reply, tuple) and reply[0] == STEP:
+        _, errors, infos, finals, odd = reply
+        errors = dict(errors)
+        for part in (infos, finals, odd):
+            for j in list(part):
+                _, error = _portable_outcome(part[j], None)
+                if error is not None:
+                    del part[j]
+                    errors[j] = error
+        return seq, (STEP, errors, infos, finals, odd)
     return message
 
 

@@ -2,12 +2,25 @@
 
 Theory of operation.  The envs are split into W contiguous groups, one per
 worker process (``_worker.py``), which builds its group from cloudpickled
-factories.  ``launch`` slices the op per worker (``op.subset``) and writes one
-request per worker; the worker runs every env of its slice through the same
-drivers and flows as the inline backend and answers once.  Nothing here ever
-waits on a worker outside the event loop: each worker's pipe and its process
-sentinel are registered with ``loop.add_reader``, so a reply, or a worker's
-death (SIGKILL, segfault, OOM), wakes the loop at once.  No thread, no spinning.
+factories.  ``launch`` writes one request per worker; the worker runs every env
+of its part through the same drivers and flows as the inline backend and
+answers once.  Nothing here ever waits on a worker outside the event loop: each
+worker's reply pipe and its process sentinel are registered with
+``loop.add_reader``, so a reply, or a worker's death (SIGKILL, segfault, OOM),
+wakes the loop at once; requests that do not fit the request pipe wait for it
+with ``loop.add_writer``.  No thread, no spinning.
+
+Step data goes through one shared buffer (``_core/layout.py``): an anonymous
+``memfd`` (an unlinked temporary file where there is none) that every worker
+receives as it starts, and maps once the parent has learnt the spaces and sized
+it.  It has no name, so nothing can be left in ``/dev/shm``, whatever dies.  A full ``step()``
+copies the batch of actions into it at once; each worker reads its rows, steps
+its envs and writes observations, rewards and flags into its rows, and answers
+with one small message holding only the infos that were not empty (and
+whatever did not fit the buffer exactly, which is then batched by the usual
+rules).  Its envs' results come back as one :class:`~aiovec._core.rows.StepBlock`,
+which the batcher copies out of the buffer at once.  Other calls (reset,
+render, ...) and spaces that cannot be laid out travel pickled.
 
 Every request has a sequence number; each env remembers the one it waits on.
 A worker cannot be interrupted, so ``cancel`` reports the envs as cancelled at
@@ -18,7 +31,6 @@ once, until ``rebuild`` starts a new worker for the group (envs of the group
 not rebuilt stay lost).  ``rebuild`` of an env whose worker is still busy with
 an abandoned call kills and replaces that worker (it might never answer).
 
-Observations travel in the pickled replies (shared memory is not used yet).
 The start method is :data:`START_METHOD`; with ``"forkserver"`` the server
 preloads aiovec, so a worker starts in milliseconds.
 """
@@ -27,11 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -42,10 +57,13 @@ import anyio
 import cloudpickle
 
 from aiovec._core.calls import CLOSE
-from aiovec._core.ops import CallOp, Op
+from aiovec._core.layout import StepArrays, StepLayout
+from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
 from aiovec.backends import _worker
 from aiovec.backends._base import Backend, EnvTraits
+from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame
 
 __all__ = ("START_METHOD", "ProcessBackend")
 
@@ -60,21 +78,39 @@ this attribute: ``"forkserver"`` (Linux default), ``"spawn"`` or ``"fork"``.
 
 _CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandoned
 _GRACE = 2.0  # seconds workers get to exit once asked, before terminate, then kill
-_STOP = pickle.dumps(None)
+_STOP = frame(pickle.dumps(None))
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class _Worker:
-    """The parent's handle on one worker process and its pipe."""
+    """The parent's handle on one worker process and its two pipes."""
 
-    __slots__ = ("alive", "conn", "exited", "fd", "group", "process", "ready")
+    __slots__ = (
+        "alive",
+        "exited",
+        "frames",
+        "group",
+        "outbox",
+        "process",
+        "ready",
+        "replies",
+        "requests",
+    )
 
-    def __init__(self, process: Any, conn: Connection, group: range) -> None:
-        self.process, self.conn, self.group = process, conn, group
-        self.fd = conn.fileno()
+    def __init__(
+        self, process: Any, requests: Connection, replies: Connection, group: range
+    ) -> None:
+        self.process, self.requests, self.replies, self.group = process, requests, replies, group
+        os.set_blocking(requests.fileno(), False)  # a full pipe never blocks the loop
         self.alive = True
+        self.frames = Frames()
+        self.outbox = bytearray()  # requests the pipe had no room for yet
         self.ready: asyncio.Future[Any] | None = None  # a respawned worker's first message
         self.exited: asyncio.Future[None] | None = None  # set once it is seen dead
+
+    def close_pipes(self) -> None:
+        self.requests.close()
+        self.replies.close()
 
     def describe(self) -> str:
         code = self.process.exitcode
@@ -85,6 +121,53 @@ class _Worker:
             f"worker process {self.process.pid} hosting envs {self.group.start}-"
             f"{self.group.stop - 1} died ({how})"
         )
+
+
+class _Request:
+    """A request in flight: its worker, its envs, when it started; or a control future."""
+
+    __slots__ = ("envs", "future", "partial", "since", "worker")
+
+    def __init__(
+        self,
+        worker: _Worker,
+        envs: Sequence[int],
+        since: float,
+        future: asyncio.Future[Any] | None = None,
+    ) -> None:
+        self.worker, self.envs, self.since, self.future = worker, envs, since, future
+        self.partial = False  # some of its envs were cancelled
+
+
+class _SharedBuffer:
+    """The step buffer: an anonymous file, sized and mapped once the spaces are known."""
+
+    def __init__(self) -> None:
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create("aiovec-steps", os.MFD_CLOEXEC)
+        else:  # an unlinked temporary file: just as nameless
+            with tempfile.TemporaryFile() as file:
+                self.fd = os.dup(file.fileno())
+        self.layout: StepLayout | None = None
+        self.map: mmap.mmap | None = None
+        self.arrays: StepArrays | None = None
+
+    def size(self, layout: StepLayout) -> StepArrays:
+        """Size the file for ``layout`` and map it here."""
+        os.ftruncate(self.fd, layout.nbytes)
+        self.map = mmap.mmap(self.fd, layout.nbytes)
+        self.layout = layout
+        self.arrays = layout.arrays(self.map)
+        return self.arrays
+
+    def close(self) -> None:
+        """Drop this process's mapping and descriptor (workers drop theirs on exit)."""
+        self.arrays = None
+        if self.map is not None:
+            with contextlib.suppress(BufferError):  # views still alive: unmapped when collected
+                self.map.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def split(num_envs: int, count: int) -> list[range]:
@@ -111,28 +194,31 @@ class ProcessBackend(Backend):
         count = min(num_workers or os.cpu_count() or 1, self.num_envs)
         groups = split(self.num_envs, count)
         self._owner = [w for w, group in enumerate(groups) for _ in group]
+        self._all = range(self.num_envs)
         self._seq = 0
         self._env_seq = [0] * self.num_envs  # the request each env waits on (0: none)
-        self._requests: dict[int, tuple[_Worker, list[int]]] = {}
-        self._rebuilding: dict[int, tuple[_Worker, asyncio.Future[Any]]] = {}
+        self._requests: dict[int, _Request] = {}
         self._stuck: dict[int, int] = {}  # env -> its abandoned request still running
         self._lost: set[int] = set()  # envs whose worker died
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers: list[_Worker] = []
-        self._finalizer = weakref.finalize(self, _reap, self._workers)
+        self._buffer = _SharedBuffer()
+        self._shared: _SharedBuffer | None = None  # the buffer, once it is in use
+        self._finalizer = weakref.finalize(self, _reap, self._workers, self._buffer)
         try:
             for group in groups:
                 self._workers.append(self._start(group))
             traits = [_check_ready(worker, _first_message(worker)) for worker in self._workers]
+            self.traits = EnvTraits(
+                [space for t in traits for space in t.observation_spaces],
+                [space for t in traits for space in t.action_spaces],
+                traits[0].metadata,
+                traits[0].render_mode,
+            )
+            self._share(self.traits)
         except BaseException:
             self.close_now()
             raise
-        self.traits = EnvTraits(
-            [space for t in traits for space in t.observation_spaces],
-            [space for t in traits for space in t.action_spaces],
-            traits[0].metadata,
-            traits[0].render_mode,
-        )
 
     @property
     def num_workers(self) -> int:
@@ -144,23 +230,92 @@ class ProcessBackend(Backend):
         """The process id of each worker (for diagnostics and tests)."""
         return tuple(worker.process.pid for worker in self._workers)
 
+    @property
+    def shares_memory(self) -> bool:
+        """Whether step data goes through shared memory (else it is pickled)."""
+        return self._shared is not None
+
+    def _new_results(self) -> Rows:
+        return Rows()
+
     def _start(self, group: range) -> _Worker:
         payload = cloudpickle.dumps([self._fns[i] for i in group])
-        conn, child_conn = self._ctx.Pipe()
+        child_requests, requests = self._ctx.Pipe(duplex=False)
+        replies, child_replies = self._ctx.Pipe(duplex=False)
+        shared = SharedFile(self._buffer.fd)
         try:
             process = self._ctx.Process(  # type: ignore[attr-defined]
                 target=_worker.main,
-                args=(child_conn, payload, group.start),
+                args=(child_requests, child_replies, shared, payload, group.start),
                 name=f"aiovec-worker-{group.start}",
                 daemon=True,
             )
             process.start()
         except BaseException:
-            conn.close()
+            requests.close()
+            replies.close()
             raise
         finally:
-            child_conn.close()
-        return _Worker(process, conn, group)
+            child_requests.close()
+            child_replies.close()
+        return _Worker(process, requests, replies, group)
+
+    # -- the shared step buffer --------------------------------------------------------
+
+    def _share(self, traits: EnvTraits) -> None:
+        """Size the step buffer (if the spaces can be laid out) and map it in every worker."""
+        layout = StepLayout.of(traits.observation_spaces[0], traits.action_spaces[0], self.num_envs)
+        if layout is None:
+            return
+        self._buffer.size(layout)
+        self._shared = self._buffer
+        for worker in self._workers:  # construction has no loop: wait here for each answer
+            self._seq += 1
+            self._post(worker, (self._seq, _worker.ATTACH, layout))
+            wait([worker.replies, worker.process.sentinel])
+            try:
+                _, error = pickle.loads(worker.replies.recv_bytes())
+            except (EOFError, OSError):
+                worker.process.join(1.0)
+                died = ChildProcessError(worker.describe())
+                raise WorkerDiedError(dict.fromkeys(worker.group, died), "setup") from died
+            if error is not None:
+                raise error
+
+    def _post(self, worker: _Worker, message: Any, data: bytes | None = None) -> None:
+        """Send a request (``data``: already pickled), queueing what the pipe cannot take."""
+        if data is None:
+            data = pickle.dumps(message, _PROTOCOL)
+        data = frame(data)
+        if not worker.outbox:
+            try:
+                written = os.write(worker.requests.fileno(), data)
+            except BlockingIOError:
+                written = 0
+            if written == len(data):
+                return
+            data = data[written:]
+            if self._loop is not None:
+                self._loop.add_writer(worker.requests.fileno(), self._flush, worker)
+        worker.outbox += data
+        if self._loop is None:  # no loop (construction): wait here, a while at most
+            deadline = time.monotonic() + _GRACE
+            while worker.outbox and time.monotonic() < deadline:
+                select.select([worker.process.sentinel], [worker.requests], [], _GRACE)
+                if worker.process.exitcode is not None:
+                    raise BrokenPipeError(worker.describe())
+                self._flush(worker)
+
+    def _flush(self, worker: _Worker) -> None:
+        """The request pipe has room again: write what waited."""
+        fd = worker.requests.fileno()
+        try:
+            written = os.write(fd, worker.outbox)
+        except BlockingIOError:
+            return
+        del worker.outbox[:written]
+        if not worker.outbox and self._loop is not None:
+            self._loop.remove_writer(fd)
 
     # -- the event loop watches every worker ---------------------------------------------
 
@@ -176,14 +331,17 @@ class ProcessBackend(Backend):
 
     def _watch(self, worker: _Worker) -> None:
         assert self._loop is not None
-        self._loop.add_reader(worker.fd, self._on_readable, worker)
+        self._loop.add_reader(worker.replies.fileno(), self._on_readable, worker)
         self._loop.add_reader(worker.process.sentinel, self._on_exit, worker)
+        if worker.outbox:
+            self._loop.add_writer(worker.requests.fileno(), self._flush, worker)
 
     def _unwatch(self, worker: _Worker) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.remove_reader(worker.fd)
+            loop.remove_reader(worker.replies.fileno())
             loop.remove_reader(worker.process.sentinel)
+            loop.remove_writer(worker.requests.fileno())
 
     def _detach(self) -> None:
         for worker in self._workers:
@@ -193,10 +351,16 @@ class ProcessBackend(Backend):
 
     def _on_readable(self, worker: _Worker) -> None:
         try:
-            while worker.alive and worker.conn.poll():
-                self._deliver(worker, pickle.loads(worker.conn.recv_bytes()))
-        except (EOFError, OSError):
+            data = os.read(worker.replies.fileno(), READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the worker closed its end: it is exiting
             self._on_exit(worker)
+            return
+        for payload in worker.frames.feed(data):
+            self._deliver(worker, pickle.loads(payload))
 
     def _deliver(self, worker: _Worker, message: tuple[int, Any]) -> None:
         seq, reply = message
@@ -204,39 +368,91 @@ class ProcessBackend(Backend):
             if worker.ready is not None and not worker.ready.done():
                 worker.ready.set_result(reply)
             return
-        rebuilding = self._rebuilding.pop(seq, None)
-        if rebuilding is not None:
-            if not rebuilding[1].done():
-                rebuilding[1].set_result(reply)
+        request = self._requests.pop(seq, None)
+        if request is None:  # a reply to a request abandoned with its worker
             return
-        _, indices = self._requests.pop(seq)
-        env_seq, stuck = self._env_seq, self._stuck
-        for i, (value, error) in zip(indices, reply, strict=True):
+        if request.future is not None:
+            if not request.future.done():
+                request.future.set_result(reply)
+        elif type(reply) is tuple:
+            self._deliver_step(seq, request, reply)
+        else:
+            self._deliver_calls(seq, request, reply)
+
+    def _waiting(self, seq: int, request: _Request) -> Sequence[int]:
+        """The envs of ``request`` still waiting on it (others were cancelled)."""
+        env_seq = self._env_seq
+        envs = request.envs
+        if not request.partial:
+            if isinstance(envs, range):
+                env_seq[envs.start : envs.stop] = [0] * len(envs)
+            else:
+                for i in envs:
+                    env_seq[i] = 0
+            return envs
+        waiting = []
+        for i in envs:
             if env_seq[i] == seq:
                 env_seq[i] = 0
+                waiting.append(i)
+            elif self._stuck.get(i) == seq:  # an abandoned call's late outcome: dropped
+                del self._stuck[i]
+        return waiting
+
+    def _deliver_calls(self, seq: int, request: _Request, outcomes: list[Any]) -> None:
+        waiting = set(self._waiting(seq, request))
+        for i, (value, error) in zip(request.envs, outcomes, strict=True):
+            if i in waiting:
                 self._finish(i, value, error)
-            elif stuck.get(i) == seq:  # an abandoned call's late outcome: dropped
-                del stuck[i]
+
+    def _deliver_step(self, seq: int, request: _Request, reply: _worker.StepReply) -> None:
+        _, errors, infos, finals, odd = reply
+        waiting = self._waiting(seq, request)
+        first = request.worker.group.start
+        if errors or odd or request.partial:
+            waiting_set = set(waiting)
+            for j, error in errors.items():
+                if first + j in waiting_set:
+                    self._finish(first + j, None, error)
+            for j, transition in odd.items():
+                if first + j in waiting_set:
+                    self._finish(first + j, transition, None)
+            waiting = [i for i in waiting if i - first not in errors and i - first not in odd]
+        if not waiting:
+            return
+        shared = self._shared
+        assert shared is not None  # else every env is odd
+        assert shared.arrays is not None
+        block = StepBlock(
+            waiting,
+            shared.arrays,
+            {first + j: info for j, info in infos.items()},
+            {first + j: final for j, final in finals.items()},
+        )
+        self._finish_block(block, request.since)
 
     def _on_exit(self, worker: _Worker) -> None:
-        """The worker's process ended (or its pipe broke): fail and lose its envs."""
+        """The worker's process ended (or its socket broke): fail and lose its envs."""
         if not worker.alive:
             return
-        try:  # replies it sent before dying still count
-            while worker.conn.poll():
-                self._deliver(worker, pickle.loads(worker.conn.recv_bytes()))
-        except (EOFError, OSError):
-            pass
+        with contextlib.suppress(OSError):  # replies it sent before dying still count
+            os.set_blocking(worker.replies.fileno(), False)
+            while data := os.read(worker.replies.fileno(), READ_SIZE):
+                for payload in worker.frames.feed(data):
+                    self._deliver(worker, pickle.loads(payload))
         self._unwatch(worker)
         worker.alive = False
-        worker.conn.close()
+        worker.close_pipes()
         worker.process.join(1.0)  # its sentinel is ready: this reaps it at once
         died = ChildProcessError(worker.describe())
         self._lost.update(worker.group)
-        for seq in [s for s, (w, _) in self._requests.items() if w is worker]:
-            del self._requests[seq]
         for i in worker.group:
             self._stuck.pop(i, None)
+        for seq, request in list(self._requests.items()):
+            if request.worker is worker:
+                del self._requests[seq]
+                if request.future is not None and not request.future.done():
+                    request.future.set_exception(died)
         waiting = [i for i in worker.group if self._env_seq[i]]
         for i in waiting:
             self._env_seq[i] = 0
@@ -244,10 +460,6 @@ class ProcessBackend(Backend):
             error = WorkerDiedError(dict.fromkeys(waiting, died), f"worker {worker.process.pid}")
             for i in waiting:
                 self._finish(i, None, error)
-        for seq, (w, future) in list(self._rebuilding.items()):
-            if w is worker:
-                del self._rebuilding[seq]
-                future.set_exception(died)
         for waiter in (worker.ready, worker.exited):
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -258,24 +470,48 @@ class ProcessBackend(Backend):
         """Write one request per worker hosting some of ``indices``; returns at once."""
         self._attach()
         since = time.perf_counter()
+        self.pending.update(indices)
+        started = self._started
+        for i in indices:
+            started[i] = since
+        if indices == self._all and not self._lost:  # each worker gets its whole group
+            in_buffer = self._actions_in_buffer(op)
+            for worker in self._workers:
+                group = worker.group
+                self._request(worker, group, op.subset(group), since, in_buffer)
+        else:
+            for worker, envs, part in self._parts(indices, op):
+                self._request(worker, envs, part, since)
+
+    def _actions_in_buffer(self, op: Op) -> bool:
+        """Copy a whole step's batch of actions into the shared buffer, if it fits exactly."""
+        shared = self._shared
+        if not isinstance(op, StepOp) or op.batch is None or shared is None:
+            return False
+        layout, arrays = shared.layout, shared.arrays
+        if layout is None or layout.actions is None or arrays is None:
+            return False
+        return layout.actions.fill(arrays.actions, op.batch)
+
+    def _parts(self, indices: Sequence[int], op: Op) -> Iterable[tuple[_Worker, list[int], Op]]:
+        """Each worker's part of ``op`` (envs of dead workers fail at once)."""
         by_worker: dict[int, list[int]] = {}
-        owner = self._owner
+        owner, lost = self._owner, self._lost
         for k, i in enumerate(indices):
             by_worker.setdefault(owner[i], []).append(k)
         for w, given in by_worker.items():
-            for k in given:
-                self._mark_waiting(indices[k], since)
             positions = given
-            if self._lost.intersection(indices[k] for k in given):
+            if lost:
                 self._fail_lost(indices[k] for k in given)
-                positions = [k for k in given if indices[k] not in self._lost]
+                positions = [k for k in given if indices[k] not in lost]
                 if not positions:
                     continue
-            part = op if len(positions) == len(indices) else op.subset(positions)
-            self._request(self._workers[w], [indices[k] for k in positions], part)
+            yield self._workers[w], [indices[k] for k in positions], op.subset(positions)
 
     def _fail_lost(self, envs: Iterable[int]) -> None:
         lost = [i for i in envs if i in self._lost]
+        if not lost:
+            return
         died = ChildProcessError(
             f"the worker process hosting env(s) {lost} died; their envs are gone "
             "(on_error='restart' rebuilds them on a new worker)"
@@ -284,10 +520,29 @@ class ProcessBackend(Backend):
         for i in lost:
             self._finish(i, None, error)
 
-    def _request(self, worker: _Worker, envs: list[int], op: Op) -> None:
+    def _request(
+        self, worker: _Worker, envs: Sequence[int], op: Op, since: float, in_buffer: bool = False
+    ) -> None:
+        """Send ``op`` for ``envs`` (all hosted by ``worker``); ``in_buffer``: its actions are."""
         self._seq += 1
         seq = self._seq
-        message = (seq, [i - worker.group.start for i in envs], op)
+        first = worker.group.start
+        locals_: Sequence[int] = (
+            range(envs.start - first, envs.stop - first)
+            if isinstance(envs, range)
+            else [i - first for i in envs]
+        )
+        if isinstance(op, StepOp):
+            message: tuple[Any, ...] = (
+                seq,
+                _worker.STEP,
+                locals_,
+                op.mode.value,
+                op.reset_first,
+                None if in_buffer else op.actions,
+            )
+        else:
+            message = (seq, _worker.CALL, locals_, op)
         try:
             try:
                 data = pickle.dumps(message, _PROTOCOL)
@@ -297,13 +552,26 @@ class ProcessBackend(Backend):
             for i in envs:
                 self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {exc}"))
             return
+        env_seq = self._env_seq
         for i in envs:
-            self._env_seq[i] = seq
-        self._requests[seq] = (worker, envs)
+            env_seq[i] = seq
+        self._requests[seq] = _Request(worker, envs, since)
         try:
-            worker.conn.send_bytes(data)
+            self._post(worker, None, data)
         except OSError:  # it died; its sentinel may not have woken the loop yet
             self._on_exit(worker)
+
+    def _control(self, worker: _Worker, *request: Any) -> asyncio.Future[Any]:
+        """Send a request that no env waits on; its reply resolves the future."""
+        assert self._loop is not None
+        self._seq += 1
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._requests[self._seq] = _Request(worker, (), 0.0, future)
+        try:
+            self._post(worker, (self._seq, *request))
+        except OSError:
+            self._on_exit(worker)
+        return future
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Abandon the calls in flight (of ``indices``, or all): workers run them to the end."""
@@ -311,6 +579,9 @@ class ProcessBackend(Backend):
             seq, self._env_seq[i] = self._env_seq[i], 0
             if seq:
                 self._stuck[i] = seq
+                request = self._requests.get(seq)
+                if request is not None:
+                    request.partial = True
             self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
 
     # -- rebuilding ------------------------------------------------------------------
@@ -324,27 +595,29 @@ class ProcessBackend(Backend):
         waits: list[tuple[list[int], _Worker, bool, asyncio.Future[Any]]] = []
         for w, envs in by_worker.items():
             worker = self._workers[w]
-            future: asyncio.Future[Any] = loop.create_future()
             if worker.alive and not any(i in self._stuck for i in worker.group):
-                self._seq += 1
-                self._rebuilding[self._seq] = (worker, future)
                 local = [i - worker.group.start for i in envs]
-                worker.conn.send_bytes(pickle.dumps((self._seq, local, _worker.REBUILD)))
-                waits.append((envs, worker, False, future))
+                waits.append((envs, worker, False, self._control(worker, _worker.REBUILD, local)))
                 continue
             if worker.alive:
                 worker.process.kill()
                 self._on_exit(worker)
             worker = self._workers[w] = self._start(worker.group)
-            worker.ready = future
+            worker.ready = loop.create_future()
             self._watch(worker)
-            waits.append((envs, worker, True, future))
+            waits.append((envs, worker, True, worker.ready))
         errors: dict[int, BaseException] = {}
         for envs, worker, respawned, future in waits:
             try:
                 reply = await future
                 if respawned:
                     self._check_respawned(worker, envs, reply)
+                    if self._shared is not None:
+                        layout = self._shared.layout
+                        error = await self._control(worker, _worker.ATTACH, layout)
+                        if error is not None:
+                            raise error
+                    self._lost.difference_update(envs)
                 else:
                     errors.update((worker.group.start + j, e) for j, e in reply.items())
             except Exception as exc:
@@ -364,7 +637,6 @@ class ProcessBackend(Backend):
             ):
                 if space != want:
                     raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {want}")
-        self._lost.difference_update(envs)
 
     # -- closing ---------------------------------------------------------------------
 
@@ -381,7 +653,7 @@ class ProcessBackend(Backend):
                     worker.exited = loop.create_future()
                     exits.append(worker.exited)
                     try:
-                        worker.conn.send_bytes(_STOP)
+                        self._post(worker, None, pickle.dumps(None))
                     except OSError:
                         continue
             if exits:
@@ -400,18 +672,17 @@ class ProcessBackend(Backend):
             if worker.alive:
                 local = list(range(len(worker.group)))
                 close = CallOp([CLOSE] * len(local), "close")
-                message = pickle.dumps((-1, local, close), _PROTOCOL)
                 with contextlib.suppress(OSError):
-                    worker.conn.send_bytes(message)
+                    self._post(worker, (-1, _worker.CALL, local, close))
         self._finalizer()
 
 
 def _first_message(worker: _Worker) -> Any:
     """Wait (blocking: construction has no loop to wait on) for a new worker's first word."""
-    wait([worker.conn, worker.process.sentinel])
+    wait([worker.replies, worker.process.sentinel])
     try:
-        if worker.conn.poll():
-            return pickle.loads(worker.conn.recv_bytes())[1]
+        if worker.replies.poll():
+            return pickle.loads(worker.replies.recv_bytes())[1]
     except (EOFError, OSError):
         pass
     worker.process.join(1.0)
@@ -432,18 +703,18 @@ def _check_ready(worker: _Worker, reply: Any) -> EnvTraits:
     return traits
 
 
-def _reap(workers: list[_Worker]) -> None:
-    """Terminate, then kill, every worker still running; close every pipe."""
+def _reap(workers: list[_Worker], buffer: _SharedBuffer) -> None:
+    """Terminate, then kill, every worker still running; close every pipe and the buffer."""
     for worker in workers:
-        if not worker.conn.closed:
-            with contextlib.suppress(OSError):
-                worker.conn.send_bytes(_STOP)
+        if not worker.requests.closed and not worker.outbox:
+            with contextlib.suppress(OSError):  # a full pipe: it gets terminated below
+                os.write(worker.requests.fileno(), _STOP)
     deadline = time.monotonic() + _GRACE
     for worker in workers:  # asked to stop, they get a grace period
         worker.process.join(max(0.0, deadline - time.monotonic()))
     for worker in workers:
         worker.alive = False
-        worker.conn.close()
+        worker.close_pipes()
         process = worker.process
         if process.exitcode is None:
             process.terminate()
@@ -451,3 +722,5 @@ def _reap(workers: list[_Worker]) -> None:
         if process.exitcode is None:
             process.kill()
             process.join()
+        process.close()  # its sentinel pipe
+    buffer.close()
