@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/cpu.py            # full run, a few minutes
     python benchmarks/cpu.py --quick    # CI smoke test
     python benchmarks/cpu.py --reps 7 --json cpu.json
+    python benchmarks/cpu.py --workers 1,2,4,8,16   # also: throughput against W
 
 Cases (W = 2 workers for aiovec): CartPole-v1 with N = 32 and N = 256, and
 ``BusyCartPole`` (CartPole plus ~100 us of pure Python per step) with N = 32.
@@ -152,6 +153,47 @@ def round_trip(args: argparse.Namespace) -> dict[str, Any]:
     return {c.name: statistics.median(c.seconds) / calls * 1e6 for c in cands}
 
 
+def scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Throughput of the process backend against W, on CartPole and on BusyCartPole."""
+    rows = []
+    for env, make, num_envs in (
+        ("CartPole-v1", make_cartpole, 256),
+        ("BusyCartPole", make_busy, max(32, 4 * max(args.workers))),
+    ):
+        fns = [make] * num_envs
+        made: list[tuple[str, Any]] = [(SYNC, gymnasium.vector.SyncVectorEnv(fns))]
+        made += [
+            (
+                f"aiovec process W={w}",
+                aiovec.BlockingVectorEnv(fns, backend="process", num_workers=w),
+            )
+            for w in args.workers
+        ]
+        cands = []
+        for name, venv in made:
+            cand = _stepper(venv, num_envs, venv.close)
+            cand.name = name
+            cands.append(cand)
+        steps = max(4, args.steps * 32 // num_envs)
+        try:
+            run_interleaved(cands, steps=steps, reps=args.reps, warmup_steps=max(2, steps // 10))
+        finally:
+            for cand in cands:
+                cand.close()
+        base = cands[0]
+        for cand in cands:
+            rows.append(
+                {
+                    "env": env,
+                    "num_envs": num_envs,
+                    "candidate": cand.name,
+                    "k_env_steps_per_s": steps * num_envs / statistics.median(cand.seconds) / 1e3,
+                    "over_sync": median_ratio(base.seconds, cand.seconds),
+                }
+            )
+    return rows
+
+
 def worker_memory() -> list[dict[str, float]]:
     """RSS and PSS (MiB) of each worker of a CartPole N=32, W=2 process backend."""
     venv = aiovec.BlockingVectorEnv([make_cartpole] * 32, backend="process", num_workers=2)
@@ -217,6 +259,15 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
     print()
     for m in extra["worker_memory"]:
         print(f"worker {m['pid']}: RSS {m['rss_mib']:.1f} MiB, PSS {m['pss_mib']:.1f} MiB")
+    if extra.get("scaling"):
+        print()
+        print("| env | N | candidate | k env-steps/s | speed-up over SyncVectorEnv |")
+        print("|---|---:|---|---:|---:|")
+        for r in extra["scaling"]:
+            print(
+                f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
+                f"| {r['k_env_steps_per_s']:.1f} | {r['over_sync']:.2f}x |"
+            )
     passed = sum(r.get("passed") is True for r in rows)
     missed = sum(r.get("passed") is False for r in rows)
     print(f"targets: {passed} PASS, {missed} MISS")
@@ -228,6 +279,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, help="repetitions (default 5, --quick 2)")
     parser.add_argument("--steps", type=int, help="vector steps per timing at N=32")
     parser.add_argument("--json", metavar="FILE", help="also write all timings as JSON")
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(w) for w in text.split(",")],
+        default=[],
+        help="comma-separated worker counts: also measure throughput against W",
+    )
     args = parser.parse_args(argv)
     if args.reps is None:
         args.reps = 2 if args.quick else 5
@@ -255,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "busy_loops": BusyCartPole.loops,
         "round_trip_us": round_trip(args),
         "worker_memory": worker_memory(),
+        "scaling": scaling(args) if args.workers else [],
     }
     print_report(info, rows, extra)
     elapsed = time.perf_counter() - started

@@ -471,9 +471,11 @@ class ProcessBackend(Backend):
         self._attach()
         since = time.perf_counter()
         self.pending.update(indices)
-        started = self._started
-        for i in indices:
-            started[i] = since
+        if indices == self._all:
+            self._started[:] = [since] * self.num_envs
+        else:
+            for i in indices:
+                self._started[i] = since
         if indices == self._all and not self._lost:  # each worker gets its whole group
             in_buffer = self._actions_in_buffer(op)
             for worker in self._workers:
@@ -552,9 +554,11 @@ class ProcessBackend(Backend):
             for i in envs:
                 self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {exc}"))
             return
-        env_seq = self._env_seq
-        for i in envs:
-            env_seq[i] = seq
+        if isinstance(envs, range):
+            self._env_seq[envs.start : envs.stop] = [seq] * len(envs)
+        else:
+            for i in envs:
+                self._env_seq[i] = seq
         self._requests[seq] = _Request(worker, envs, since)
         try:
             self._post(worker, None, data)
