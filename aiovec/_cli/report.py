@@ -1,0 +1,114 @@
+"""Timings, tables and a progress bar for the commands (plain text, no dependency).
+
+A command measures *vector steps*: each one is timed on its own, so a row can
+say both how much work got done (env-steps per second, over the whole timed
+run) and how long a learner waited for one batch (p50 and p99 of the step
+times).  Tables are fixed-width text for a terminal or a CI log.  The progress
+bar goes to stderr, so stdout holds only the results: on a terminal it is
+redrawn in place at most ten times a second; anywhere else (a CI log, a pipe)
+it prints one line when each phase starts, never a stream of carriage returns.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+import numpy as np
+
+__all__ = ("Progress", "StepTimes", "format_table")
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """The measured vector steps of one configuration.
+
+    Attributes:
+        num_envs: Envs per vector step.
+        seconds: Wall-clock seconds of each timed vector step, in order.
+    """
+
+    num_envs: int
+    seconds: tuple[float, ...]
+
+    @property
+    def steps(self) -> int:
+        """How many vector steps were timed."""
+        return len(self.seconds)
+
+    @property
+    def rate(self) -> float:
+        """Env-steps per second over the timed steps."""
+        return self.num_envs * self.steps / sum(self.seconds)
+
+    def percentile_ms(self, q: float) -> float:
+        """The ``q``-th percentile of the step times, in milliseconds."""
+        return float(np.percentile(self.seconds, q)) * 1e3
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Align ``rows`` under ``header``: the first column left, the others right."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join([first, *rest]).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([line(header), rule, *(line(row) for row in rows)])
+
+
+class Progress:
+    """A progress bar over ``total`` units of work, on stderr.
+
+    Args:
+        total: Units of work in all phases together (at least 1).
+        stream: Where to draw (default ``sys.stderr``).
+        width: Characters of the bar itself.
+    """
+
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 24) -> None:
+        self.total = max(total, 1)
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.done = 0
+        self.label = ""
+        self._live = self.stream.isatty()
+        self._drawn_at = 0.0
+        self._dirty = False
+
+    def phase(self, label: str) -> None:
+        """Start a phase: on a terminal it names the bar; elsewhere it prints a line."""
+        self.label = label
+        if self._live:
+            self._draw(force=True)
+        else:
+            print(f"... {label}", file=self.stream, flush=True)
+
+    def advance(self, units: int = 1) -> None:
+        """Record ``units`` more of work done."""
+        self.done = min(self.done + units, self.total)
+        if self._live:
+            self._draw(force=False)
+
+    def close(self) -> None:
+        """End the bar's line (call it before printing anything else)."""
+        if self._live and self._dirty:
+            print(file=self.stream, flush=True)
+            self._dirty = False
+
+    def _draw(self, *, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._drawn_at < 0.1 and self.done < self.total:
+            return
+        self._drawn_at = now
+        filled = self.width * self.done // self.total
+        bar = "#" * filled + "-" * (self.width - filled)
+        percent = 100 * self.done // self.total
+        self.stream.write(f"\r[{bar}] {percent:3d}%  {self.label}\x1b[K")
+        self.stream.flush()
+        self._dirty = True

@@ -1,0 +1,492 @@
+"""``python -m aiovec demo`` and ``python -m aiovec bench``."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import aiovec
+from aiovec.__main__ import INTERRUPTED, main
+from aiovec._cli import bench, demo
+from aiovec._cli.args import int_list
+from aiovec._cli.memory import tree_rss
+from aiovec._cli.report import Progress, StepTimes, format_table
+
+SMALL_DEMO = ["demo", "--num-envs", "4", "--steps", "4", "--latency", "0.001"]
+PACKAGE_ROOT = str(Path(aiovec.__file__).resolve().parents[1])
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def server_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "aiovec-game-server"]
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_demo_prints_the_three_ways_and_a_conclusion(capsys):
+    assert main(SMALL_DEMO) == 0
+    out = capsys.readouterr().out
+    assert "4 network envs" in out
+    assert "(a) one after another (gymnasium SyncVectorEnv)" in out
+    assert '(b) aiovec.BlockingVectorEnv, backend="inline"' in out
+    assert '(c) aiovec.AsyncioVectorEnv + await, backend="inline"' in out
+    for column in ("env-steps/s", "step p50", "step p99", "speed-up"):
+        assert column in out
+    assert "(a) was timed over 3 steps, (b) and (c) over 4 each" in out
+    assert out.rstrip().splitlines()[-1].startswith(("aiovec stepped 4", "With 1 ms per reply"))
+
+
+@pytest.mark.parametrize("backend", ["inline", "thread", "process"])
+def test_demo_times_every_step_on_every_backend(backend):
+    settings = demo.DemoSettings(num_envs=3, latency=0.001, jitter=0.0, steps=5, backend=backend)
+    rows = demo.run_demo(settings, Progress(1, stream=io.StringIO()))
+    assert [row.times.steps for row in rows] == [3, 5, 5]
+    assert all(row.times.num_envs == 3 and row.times.rate > 0 for row in rows)
+    assert f'backend="{backend}"' in rows[1].name
+    assert not server_threads()
+    assert not multiprocessing.active_children()
+
+
+def test_demo_leaves_nothing_open():
+    main(SMALL_DEMO)  # first run: lazy imports and one-time set-up
+    before = open_fds()
+    main(SMALL_DEMO)
+    assert open_fds() == before
+    assert not server_threads()
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt here, even if the test run started with it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_at(monkeypatch, count):
+    """Make the ``count``-th step's progress report deliver a real SIGINT."""
+    calls = []
+    advance = Progress.advance
+
+    def advance_then_interrupt(self, units=1):
+        calls.append(units)
+        if len(calls) == count:
+            signal.raise_signal(signal.SIGINT)
+        advance(self, units)
+
+    monkeypatch.setattr(Progress, "advance", advance_then_interrupt)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("backend", "count"),
+    [
+        ("inline", 1),  # (a) one after another
+        ("inline", 4),  # (b) BlockingVectorEnv
+        ("inline", 8),  # (c) the await API
+        ("thread", 5),
+        ("process", 5),
+        ("process", 9),
+    ],
+)
+def test_ctrl_c_closes_the_server_and_every_env(monkeypatch, capsys, sigint_raises, backend, count):
+    main(SMALL_DEMO)  # lazy imports and one-time set-up happen outside the fd count
+    before = open_fds()
+    calls = interrupt_at(monkeypatch, count)
+    status = main([*SMALL_DEMO, "--backend", backend])
+    assert status == INTERRUPTED
+    assert len(calls) == count  # it stopped right there
+    assert "interrupted" in capsys.readouterr().err
+    assert not server_threads()
+    assert not multiprocessing.active_children()
+    if backend != "process":  # a forkserver, once started, keeps its pipe for good
+        assert open_fds() == before
+
+
+def test_ctrl_c_in_a_terminal_stops_the_demo_cleanly():
+    command = [sys.executable, "-m", "aiovec", "demo", "--num-envs", "4", "--steps", "2000"]
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        # A shell may start tests with SIGINT ignored; a terminal's Ctrl-C is not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+    ) as process:
+        assert process.stderr is not None
+        for line in process.stderr:  # the progress announces each phase on its own line
+            if "(b)" in line:
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == INTERRUPTED
+    assert "interrupted" in err
+    assert "Traceback" not in err
+    assert "speed-up" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num-envs", "0"], "--num-envs: expected an int >= 1, got 0"),
+        (["--steps", "x"], "--steps: expected an int >= 1, got 'x'"),
+        (["--latency", "-1"], "--latency: expected a number >= 0, got -1"),
+        (["--latency", "nan"], "--latency: expected a number >= 0, got 'nan'"),
+        (["--backend", "gpu"], "--backend: invalid choice: 'gpu'"),
+    ],
+)
+def test_demo_refuses_bad_options(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bench
+
+ENVS_PY = """
+import asyncio
+
+import gymnasium
+import numpy as np
+
+
+class Counter(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), float(action), False, False, {}
+
+
+class AsyncCounter:
+    observation_space = Counter.observation_space
+    action_space = Counter.action_space
+
+    async def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    async def step(self, action):
+        await asyncio.sleep(0)
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+    async def close(self):
+        pass
+
+
+class Crashing(Counter):
+    def step(self, action):
+        raise ZeroDivisionError("the physics blew up")
+
+
+def make_env():
+    return Counter()
+
+
+def make_async_env():
+    return AsyncCounter()
+
+
+def make_crashing_env():
+    return Crashing()
+
+
+def broken():
+    raise ValueError("no such level: 7")
+
+
+def needs_arg(size):
+    return Counter()
+
+
+def not_an_env():
+    return 42
+
+
+LEVEL = 3
+"""
+
+
+@pytest.fixture
+def envs_py(tmp_path):
+    """A user's file of env factories, outside the package."""
+    path = tmp_path / "user_code" / "my_envs.py"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(ENVS_PY))
+    return path
+
+
+FAST = ["--seconds", "0.02", "--num-envs", "2,4"]
+
+
+def test_bench_measures_a_factory_from_a_user_file_on_every_backend(envs_py, capsys):
+    assert main(["bench", f"{envs_py}:make_env", *FAST, "--workers", "1,2"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("Skipped")[0]
+    for kind in ("inline", "thread", "process, 1 worker", "process, 2 workers"):
+        assert table.count(f"\n{kind} ") == 2, kind  # num_envs 2 and 4
+    assert "failed" not in out  # the worker processes got the factory by value
+    assert "ray: " in out  # skipped, with the reason
+    assert "Fastest: " in out
+    assert "aiovec.AsyncioVectorEnv([make_env] * " in out
+    assert "<- fastest" in out
+    assert "MiB" in out
+
+
+def test_bench_imports_module_colon_factory(envs_py, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(envs_py.parent))
+    monkeypatch.delitem(sys.modules, "my_envs", raising=False)
+    assert main(["bench", "my_envs:make_env", *FAST, "--backends", "inline"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("my_envs:make_env: env-steps per second")
+    assert "aiovec.AsyncioVectorEnv([make_env] * " in out
+
+
+def test_bench_skips_the_thread_backend_for_async_envs(envs_py, capsys):
+    args = ["bench", f"{envs_py}:make_async_env", *FAST, "--backends", "inline,thread"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "thread: runs synchronous envs only" in out
+    assert "\ninline " in out
+
+
+def test_bench_reports_envs_that_fail_while_stepping(envs_py, capsys):
+    args = ["bench", f"{envs_py}:make_crashing_env", *FAST, "--backends", "inline"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert out.count("failed: EnvError: env 0 failed in step()") == 2
+    assert "ZeroDivisionError" in out
+    assert "Every configuration failed" in out
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("broken", "calling broken() raised ValueError: no such level: 7."),
+        ("needs_arg", "missing 1 required positional argument: 'size'. It must take no arguments"),
+        ("nope", "has no attribute 'nope'; it defines these callables: "),
+        ("LEVEL", "is not callable (it is 3)"),
+        (
+            "not_an_env",
+            "not_an_env() must return an env (an aiovec.AsyncEnv or gymnasium.Env), got int",
+        ),
+    ],
+)
+def test_bench_explains_a_bad_factory_in_one_paragraph(envs_py, capsys, factory, message):
+    assert main(["bench", f"{envs_py}:{factory}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert f"cannot use the env factory {envs_py}:{factory}" in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bench_lists_the_callables_a_file_defines(envs_py, capsys):
+    main(["bench", f"{envs_py}:nope"])
+    err = capsys.readouterr().err
+    assert "broken, make_async_env, make_crashing_env, make_env, needs_arg, not_an_env" in err
+
+
+def test_bench_traceback_flag_shows_where_the_factory_failed(envs_py, capsys):
+    assert main(["bench", f"{envs_py}:broken", "--traceback"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert 'raise ValueError("no such level: 7")' in err
+    assert "--traceback to see where" not in err
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("make_env", "expected MODULE:FACTORY or path/to/file.py:FACTORY, got 'make_env'"),
+        ("no_such_module_here:make_env", "no module named 'no_such_module_here'"),
+        ("missing/envs.py:make_env", "no such file: missing/envs.py."),
+    ],
+)
+def test_bench_explains_a_bad_target(capsys, target, message):
+    assert main(["bench", target]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_reports_a_file_that_fails_to_import(tmp_path, capsys):
+    path = tmp_path / "bad.py"
+    path.write_text("import numpy\ndef make_env(:\n")
+    assert main(["bench", f"{path}:make_env"]) == 2
+    err = capsys.readouterr().err
+    assert f"running {path} raised SyntaxError" in err
+    assert "Traceback" not in err
+
+
+def test_bench_plot_draws_a_png(envs_py, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "bench.png"
+    args = [
+        "bench",
+        f"{envs_py}:make_env",
+        *FAST,
+        "--backends",
+        "inline,thread",
+        "--plot",
+        str(png),
+    ]
+    assert main(args) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Plot written to {png}" in capsys.readouterr().out
+
+
+def test_bench_plot_without_matplotlib_says_what_to_install(envs_py, tmp_path, monkeypatch, capsys):
+    find_spec = bench.importlib.util.find_spec
+    monkeypatch.setattr(
+        bench.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a),
+    )
+    png = tmp_path / "bench.png"
+    assert main(["bench", f"{envs_py}:make_env", "--plot", str(png)]) == 2
+    assert 'pip install "aiovec[plot]"' in capsys.readouterr().err
+    assert not png.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num-envs", "8,0"], "--num-envs: expected an int >= 1, got 0"),
+        (["--backends", "inline,gpu"], "--backends: expected comma-separated backends among"),
+        (["--seconds", "0"], "--seconds: expected a number > 0, got 0"),
+    ],
+)
+def test_bench_refuses_bad_options(capsys, args, message):
+    with pytest.raises(SystemExit):
+        main(["bench", "x:y", *args])
+    assert message in capsys.readouterr().err
+
+
+def test_plan_covers_backends_sizes_and_worker_counts():
+    configs, skipped = bench.plan("sync", ["inline", "process", "ray"], [1, 4], [1, 2])
+    assert configs == [
+        bench.Config("inline", 1),
+        bench.Config("inline", 4),
+        bench.Config("process", 1, 1),  # never more workers than envs
+        bench.Config("process", 4, 1),
+        bench.Config("process", 4, 2),
+    ]
+    assert len(skipped) == 1
+    assert skipped[0].startswith("ray: ")
+
+
+def result(backend, num_envs, seconds, workers=None):
+    return bench.Result(bench.Config(backend, num_envs, workers), StepTimes(num_envs, seconds))
+
+
+def test_recommendation_names_the_fastest_and_the_best_per_size():
+    factory = bench.Factory("envs.py:make", "make", object)
+    results = [
+        result("inline", 8, (0.004, 0.004)),  # 2,000 env-steps/s
+        result("process", 8, (0.002, 0.002), workers=2),  # 4,000
+        result("inline", 32, (0.004, 0.004)),  # 8,000
+        bench.Result(bench.Config("thread", 32), error=RuntimeError("boom")),
+    ]
+    text = bench.recommend(results, factory)
+    assert text.splitlines()[:2] == [
+        "Fastest: inline with 32 envs, 8,000 env-steps/s:",
+        '    aiovec.AsyncioVectorEnv([make] * 32, backend="inline")',
+    ]
+    assert "8 envs: process, 2 workers, 4,000 env-steps/s (2.0x inline)" in text
+    assert "32 envs: inline, 8,000 env-steps/s" in text
+    table = bench.render(results, ["ray: planned"], factory)
+    assert "failed: RuntimeError: boom" in table
+    assert "Skipped: ray: planned." in table
+
+
+def test_recommendation_when_everything_failed():
+    failed = [bench.Result(bench.Config("inline", 8), error=RuntimeError("x"))]
+    assert bench.recommend(failed, bench.Factory("m:f", "f", object)).startswith("Every")
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def test_step_times():
+    times = StepTimes(4, (0.001, 0.003))
+    assert times.steps == 2
+    assert times.rate == pytest.approx(2000.0)
+    assert times.percentile_ms(50) == pytest.approx(2.0)
+
+
+def test_format_table_aligns_columns():
+    text = format_table(["name", "value"], [["a", "1"], ["longer", "1,000"]])
+    assert text.splitlines() == [
+        "name    value",
+        "------  -----",
+        "a           1",
+        "longer  1,000",
+    ]
+
+
+def test_int_list_sorts_and_deduplicates():
+    assert int_list("32, 8,8") == (8, 32)
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_redraws_in_place_on_a_terminal():
+    stream = Terminal()
+    progress = Progress(4, stream=stream, width=4)
+    progress.phase("warming up")
+    progress.advance(4)
+    progress.close()
+    text = stream.getvalue()
+    assert "\r[----]   0%  warming up" in text
+    assert "\r[####] 100%  warming up" in text
+    assert text.endswith("\n")
+
+
+def test_progress_prints_one_line_per_phase_elsewhere():
+    stream = io.StringIO()
+    progress = Progress(4, stream=stream)
+    progress.phase("one")
+    progress.advance(2)
+    progress.phase("two")
+    progress.close()
+    assert stream.getvalue() == "... one\n... two\n"
+
+
+CHILD = "import sys; data = b'x' * (64 << 20); print('ready', flush=True); sys.stdin.read()"
+
+
+def test_tree_rss_counts_child_processes():
+    alone = tree_rss()
+    assert alone is not None
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdin is not None
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"  # its 64 MiB are resident now
+        with_child = tree_rss()
+        child.stdin.close()
+    assert with_child is not None
+    assert with_child - alone > 48 << 20
+    assert tree_rss(child.pid) in (None, 0)  # gone: nothing left to count
