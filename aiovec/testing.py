@@ -6,6 +6,11 @@
   suspends a random number of times per call, so a batch finishes in random
   order while results stay those of the sync env.
 - :class:`FaultyEnv`: a wrapper that raises on a chosen call.
+- Fault injection for reliability tests: :class:`HangingEnv` /
+  :class:`AsyncHangingEnv` (a call that never answers until a :class:`Gate`
+  opens), :class:`MalformedEnv` (a step result of the wrong shape or type),
+  :class:`KillingEnv` (the worker process dies mid-step), :class:`FlakyEnv`
+  (steps fail at random at a given rate).
 - :class:`TrivialEnv` / :class:`AsyncTrivialEnv`: the cheapest possible envs,
   to measure a vector env's own overhead.
 """
@@ -13,8 +18,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import errno
+import os
 import random
+import select
+import signal
+import uuid
+from collections.abc import Iterator
 from typing import Any, SupportsFloat
 
 import gymnasium
@@ -24,7 +36,20 @@ from gymnasium.core import RenderFrame
 
 from aiovec._env import AsyncEnv
 
-__all__ = ("AsyncTrivialEnv", "AsyncTwin", "FaultyEnv", "SpaceEnv", "TrivialEnv")
+__all__ = (
+    "MALFORMED",
+    "AsyncHangingEnv",
+    "AsyncTrivialEnv",
+    "AsyncTwin",
+    "FaultyEnv",
+    "FlakyEnv",
+    "Gate",
+    "HangingEnv",
+    "KillingEnv",
+    "MalformedEnv",
+    "SpaceEnv",
+    "TrivialEnv",
+)
 
 _DEFAULT_OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
 _DEFAULT_ACT = spaces.Discrete(3)
@@ -289,3 +314,292 @@ class AsyncTrivialEnv(AsyncEnv[np.ndarray, np.int64]):
     async def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Return the fixed observation, reward 1, never ending."""
         return _TRIVIAL_OBS, 1.0, False, False, {}
+
+
+# --------------------------------------------------------------------------- fault injection
+
+
+class Gate:
+    """A switch that envs wait on, from any thread or process, until it is released.
+
+    A test makes a gate, hands it to envs (it pickles: it is two paths, so an
+    env in a worker process can wait on it) and calls :meth:`release` when the
+    "server" should answer again.  It is a named pipe and a marker file in
+    ``directory``: a waiter opens the pipe without blocking and waits until the
+    pipe hangs up, which happens when :meth:`release` opens and closes its
+    write end; the marker makes a wait that starts after the release return at
+    once.  No thread, no polling.  POSIX only (``os.mkfifo``).
+
+    Args:
+        directory: An existing directory for the pipe and the marker (e.g.
+            pytest's ``tmp_path``).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        base = os.path.join(os.fspath(directory), f"gate-{uuid.uuid4().hex}")
+        self._fifo, self._marker = base + ".fifo", base + ".released"
+        os.mkfifo(self._fifo)
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called."""
+        return os.path.exists(self._marker)
+
+    @contextlib.contextmanager
+    def _listening(self) -> Iterator[int]:
+        fd = os.open(self._fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the gate is released; ``False`` if ``timeout`` seconds passed first."""
+        with self._listening() as fd:
+            if self.released:
+                return True
+            return bool(select.select([fd], [], [], timeout)[0])
+
+    async def wait_async(self) -> None:
+        """Wait, through the running event loop, until the gate is released (cancellable)."""
+        loop = asyncio.get_running_loop()
+        with self._listening() as fd:
+            if self.released:
+                return
+            opened: asyncio.Future[None] = loop.create_future()
+
+            def hung_up() -> None:
+                if not opened.done():
+                    opened.set_result(None)
+
+            loop.add_reader(fd, hung_up)
+            try:
+                await opened
+            finally:
+                loop.remove_reader(fd)
+
+    def release(self) -> None:
+        """Let every waiter go on, now and from now on (idempotent)."""
+        with open(self._marker, "a"):
+            pass
+        try:
+            fd = os.open(self._fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nobody is waiting right now
+                return
+            raise
+        os.close(fd)
+
+
+def _count(counts: dict[str, int], method: str) -> int:
+    counts[method] = counts.get(method, 0) + 1
+    return counts[method]
+
+
+class HangingEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """The ``at``-th call of ``method`` blocks until ``gate`` opens (a server gone silent).
+
+    The blocked call then goes on normally; every other call works.  Run it on
+    the thread or process backend: on the inline backend a blocked sync env
+    blocks the event loop itself (use :class:`AsyncHangingEnv` there).
+
+    Args:
+        env: The env to wrap.
+        gate: What the blocked call waits for.
+        method: ``"step"``, ``"reset"`` or ``"close"``.
+        at: Which call blocks (1 = the first).
+        give_up_after: Seconds after which the blocked call raises
+            ``TimeoutError`` anyway, so a forgotten gate never hangs a test run.
+    """
+
+    def __init__(
+        self,
+        env: gymnasium.Env[Any, Any],
+        gate: Gate,
+        *,
+        method: str = "step",
+        at: int = 1,
+        give_up_after: float = 60.0,
+    ) -> None:
+        super().__init__(env)
+        self.gate, self.hang_method, self.hang_at = gate, method, at
+        self.give_up_after = give_up_after
+        self.counts: dict[str, int] = {}
+
+    def _maybe_hang(self, method: str) -> None:
+        chosen = _count(self.counts, method) == self.hang_at and method == self.hang_method
+        if chosen and not self.gate.wait(self.give_up_after):
+            raise TimeoutError(f"HangingEnv's gate stayed shut for {self.give_up_after} s")
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset, blocking on the chosen call."""
+        self._maybe_hang("reset")
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step, blocking on the chosen call."""
+        self._maybe_hang("step")
+        return self.env.step(action)
+
+    def close(self) -> None:
+        """Close, blocking on the chosen call."""
+        self._maybe_hang("close")
+        self.env.close()
+
+
+class AsyncHangingEnv(AsyncEnv[Any, Any]):
+    """The async :class:`HangingEnv`: the chosen call awaits ``gate`` (and can be cancelled).
+
+    Other calls run the wrapped sync env at once, so results are the wrapped
+    env's.  Attribute reads fall through to the wrapped env.
+
+    Args:
+        env: The synchronous env to run.
+        gate: What the chosen call awaits.
+        method: ``"step"``, ``"reset"`` or ``"close"``.
+        at: Which call waits (1 = the first).
+    """
+
+    def __init__(
+        self, env: gymnasium.Env[Any, Any], gate: Gate, *, method: str = "step", at: int = 1
+    ) -> None:
+        self.env, self.gate, self.hang_method, self.hang_at = env, gate, method, at
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self.metadata, self.render_mode = env.metadata, env.render_mode
+        self.counts: dict[str, int] = {}
+        self.cancelled = 0
+
+    async def _maybe_hang(self, method: str) -> None:
+        if _count(self.counts, method) == self.hang_at and method == self.hang_method:
+            try:
+                await self.gate.wait_async()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the wrapped env, waiting on the chosen call."""
+        await self._maybe_hang("reset")
+        return self.env.reset(seed=seed, options=options)
+
+    async def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step the wrapped env, waiting on the chosen call."""
+        await self._maybe_hang("step")
+        return self.env.step(action)
+
+    async def close(self) -> None:
+        """Close the wrapped env, waiting on the chosen call."""
+        await self._maybe_hang("close")
+        self.env.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "env" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["env"], name)
+
+
+MALFORMED = ("obs-shape", "obs-dtype", "reward", "flag", "info", "arity")
+"""The kinds of broken step result :class:`MalformedEnv` returns."""
+
+
+def _malformed(kind: str, result: tuple[Any, ...]) -> Any:
+    obs, reward, terminated, truncated, info = result
+    if kind == "obs-shape":  # one axis too many
+        return np.zeros((*np.shape(obs), 2), dtype=np.asarray(obs).dtype), *result[1:]
+    if kind == "obs-dtype":  # text where numbers belong
+        return np.full(np.shape(obs), "x"), *result[1:]
+    if kind == "reward":
+        return obs, None, terminated, truncated, info
+    if kind == "flag":  # a truthy string, not a bool
+        return obs, reward, "no", truncated, info
+    if kind == "info":
+        return obs, reward, terminated, truncated, list(info.items())
+    if kind == "arity":  # the old gym API: four values
+        return obs, reward, terminated or truncated, info
+    raise ValueError(f"kind must be one of {MALFORMED}, got {kind!r}")
+
+
+class MalformedEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """The ``at``-th step returns a malformed result (a buggy env or a garbled reply).
+
+    Kinds (:data:`MALFORMED`): ``"obs-shape"`` (an observation with one axis
+    too many), ``"obs-dtype"`` (text where numbers belong), ``"reward"``
+    (``None``), ``"flag"`` (``terminated`` is the string ``"no"``), ``"info"``
+    (a list of pairs instead of a dict), ``"arity"`` (four values, the old gym
+    API).  The wrapped env is stepped as usual; other steps are untouched.
+
+    Args:
+        env: The env to wrap.
+        kind: What is wrong with the result.
+        at: Which step is malformed (1 = the first).
+    """
+
+    def __init__(self, env: gymnasium.Env[Any, Any], kind: str, *, at: int = 1) -> None:
+        if kind not in MALFORMED:
+            raise ValueError(f"kind must be one of {MALFORMED}, got {kind!r}")
+        super().__init__(env)
+        self.kind, self.malformed_at, self.steps = kind, at, 0
+
+    def step(self, action: Any) -> Any:
+        """Step the wrapped env; garble the chosen step's result."""
+        result = self.env.step(action)
+        self.steps += 1
+        return _malformed(self.kind, result) if self.steps == self.malformed_at else result
+
+
+class KillingEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """The ``at``-th step kills the process it runs in with SIGKILL (a segfault, the OOM killer).
+
+    Meant for worker processes: in the process whose id is ``spare`` (pass
+    the test's own ``os.getpid()``) it raises ``RuntimeError`` instead.
+
+    Args:
+        env: The env to wrap.
+        spare: A process id that must never be killed.
+        at: Which step kills (1 = the first).
+    """
+
+    def __init__(self, env: gymnasium.Env[Any, Any], *, spare: int, at: int = 1) -> None:
+        super().__init__(env)
+        self.spare, self.kill_at, self.steps = spare, at, 0
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step, or die on the chosen step."""
+        self.steps += 1
+        if self.steps == self.kill_at:
+            if os.getpid() == self.spare:
+                raise RuntimeError("KillingEnv refuses to kill the process it was told to spare")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.env.step(action)
+
+
+class FlakyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Each step fails (``RuntimeError``, before stepping) with probability ``rate``.
+
+    The draws come from a generator of the wrapper's own, seeded with ``seed``,
+    so the env's results and its failures are both reproducible.
+
+    Args:
+        env: The env to wrap.
+        rate: Probability that a step fails.
+        seed: Seed of the failure draws.
+    """
+
+    def __init__(self, env: gymnasium.Env[Any, Any], rate: float, *, seed: int | None = None):
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate must be within [0, 1], got {rate!r}")
+        super().__init__(env)
+        self.rate = rate
+        self._draws = random.Random(seed)
+        self.failures = 0
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step, or fail at random."""
+        if self._draws.random() < self.rate:
+            self.failures += 1
+            raise RuntimeError(f"injected random failure #{self.failures}")
+        return self.env.step(action)

@@ -21,6 +21,7 @@ import asyncio
 import copy
 import functools
 import math
+import os
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
+from faults.leaks import LeakCheck
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
@@ -355,6 +357,25 @@ def make_lockstep(
         return Lockstep(venv, oracle, action_seed=action_seed)
 
     return make
+
+
+@pytest.fixture
+def leak_check() -> Iterator[LeakCheck]:
+    """Fail the test if it leaves a thread, child process, fd or shared-memory block behind.
+
+    See ``tests/faults/leaks.py``.  The fault suite and the fuzz tests use it
+    on every test; ``AIOVEC_LEAK_CHECK=all`` puts it on every test of the suite.
+    """
+    check = LeakCheck.start()
+    yield check
+    leaks = check.finish()
+    assert not leaks, "the test left behind: " + "; ".join(leaks)
+
+
+@pytest.fixture(autouse=True)
+def _leak_check_everywhere(request: pytest.FixtureRequest) -> None:
+    if os.environ.get("AIOVEC_LEAK_CHECK") == "all":
+        request.getfixturevalue("leak_check")
 
 
 # --------------------------------------------------------------------------- comparisons

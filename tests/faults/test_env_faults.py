@@ -1,0 +1,202 @@
+"""Envs that fail on purpose, over every backend x front end x env flavour.
+
+For each fault (``scenarios.FAULTS``: raise in step or in the autoreset, at a
+chosen or a random step; hang until ``step_timeout``; a malformed step result;
+the worker process SIGKILLed mid-step):
+
+- ``on_error="raise"``: the step raises the fault's ``EnvError`` subclass
+  naming exactly the failing envs, the vector env is ``BROKEN``, and after
+  ``reset()`` it matches gymnasium's ``SyncVectorEnv`` step for step again;
+- ``on_error="restart"``: the step returns; the failed rows are restarts
+  (reset observation, reward 0, truncated, ``infos["error"]``), every other
+  row is the oracle's, and so is every later step of the other envs.
+
+Until the fault, every result is compared with the oracle in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from conftest import Lockstep, require_async_envs
+from gymnasium.vector import SyncVectorEnv
+
+import aiovec
+from aiovec._core.lifecycle import State
+from faults.conftest import skip_unless_available
+from faults.scenarios import (
+    FAULTS,
+    NUM_ENVS,
+    NUM_WORKERS,
+    SHORT,
+    Ctx,
+    Fault,
+    actions_for,
+    assert_restarted_row,
+    assert_rows_equal,
+    fault_cases,
+    oracle_fns,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+# After the recovery reset, the faulty env has started one episode fewer than the
+# oracle's when its failed call was a reset; the info keys that count episodes differ.
+EPISODE_COUNTERS = frozenset({("nested", "episodes"), ("label",)})
+
+AFTER_RESET_BUGS = {
+    "worker-killed": (
+        "bug: under on_error='raise' a dead worker's envs stay lost; every later reset() "
+        "raises WorkerDiedError"
+    ),
+}
+
+
+class Run:
+    """aiovec and the oracle, driven to the step on which the fault strikes."""
+
+    def __init__(self, fault: Fault, backend: str, flavour: str, gates: Any, request: Any):
+        skip_unless_available(backend)
+        if flavour == "async":
+            require_async_envs(backend)
+        self.fault = fault
+        self.env, self.at, self.step = fault.place(request.node.nodeid)
+        lengths = fault.lengths
+        self.failing = fault.failing(self.env, backend)
+        self.ctx = Ctx(flavour, self.at, lengths, gates)
+        self.fns = oracle_fns(lengths)
+        self.oracle_fns = list(self.fns)
+        self.fns[self.env] = fault.make(self.ctx)
+        self.kwargs = fault.kwargs()
+        if backend == "process":
+            self.kwargs["num_workers"] = NUM_WORKERS
+        self.gates = gates
+
+    def open(self, open_venv: Any, **kwargs: Any) -> Lockstep:
+        venv = open_venv(self.fns, **self.kwargs, **kwargs)
+        oracle = SyncVectorEnv(self.oracle_fns)
+        self._oracle = oracle
+        return Lockstep(venv, oracle)
+
+    def until_fault(self, lock: Lockstep) -> tuple[Any, ...]:
+        """Reset, then step in lockstep up to (not including) the failing step."""
+        lock.reset(seed=123)
+        for step in range(1, self.step):
+            lock.step(actions_for(step))
+        return actions_for(self.step)
+
+    def close_oracle(self) -> None:
+        self._oracle.close()
+
+
+@pytest.fixture
+def run(request: Any, gates: Any) -> Any:
+    made: list[Run] = []
+
+    def make(fault: Fault, backend: str, flavour: str) -> Run:
+        made.append(Run(fault, backend, flavour, gates, request))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close_oracle()
+
+
+def expect_failure(r: Run, lock: Lockstep, actions: Any) -> aiovec.EnvError:
+    with pytest.raises(r.fault.error) as info:
+        lock.venv.step(actions)
+    lock.oracle.step(actions)  # the other envs did step: keep the oracle's in step too
+    error = info.value
+    assert set(error.errors) == r.failing, f"named {sorted(error.errors)}, not {r.failing}"
+    assert error.env_index == min(r.failing)
+    assert f"env {min(r.failing)} failed in step()" in str(error)
+    for i, cause in error.errors.items():
+        assert isinstance(cause, r.fault.cause), f"env {i}: {cause!r}"
+    assert error.__cause__ is error.errors[error.env_index]
+    return error
+
+
+@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases())
+def test_raise_names_the_failing_env(run, open_venv, fault, backend, flavour):
+    r = run(fault, backend, flavour)
+    lock = r.open(open_venv, on_error="raise")
+    actions = r.until_fault(lock)
+    expect_failure(r, lock, actions)
+    assert lock.venv.state is State.BROKEN
+    with pytest.raises(aiovec.StateError, match=r"only a full reset\(\)"):
+        lock.venv.step(actions)
+
+
+@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases(bugs=AFTER_RESET_BUGS))
+def test_raise_then_reset_matches_the_oracle_again(run, open_venv, fault, backend, flavour):
+    r = run(fault, backend, flavour)
+    lock = r.open(open_venv, on_error="raise")
+    actions = r.until_fault(lock)
+    expect_failure(r, lock, actions)
+    r.gates.release_all()  # a hung server answers again: its late reply must be dropped
+    lock.ignore = EPISODE_COUNTERS
+    lock.reset(seed=7)
+    assert lock.venv.state is State.READY
+    for step in range(1, 5):
+        lock.step(actions_for(step))
+
+
+@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases())
+def test_restart_marks_the_slot_and_keeps_every_other_transition(
+    run, open_venv, fault, backend, flavour
+):
+    r = run(fault, backend, flavour)
+    policy = aiovec.RestartPolicy(backoff=0.0)
+    lock = r.open(open_venv, on_error=policy)
+    actions = r.until_fault(lock)
+    got = lock.venv.step(actions)
+    want = lock.oracle.step(actions)
+    others = [i for i in range(NUM_ENVS) if i not in r.failing]
+    assert_rows_equal(got, want, others)
+    for i in r.failing:
+        assert_restarted_row(got, i, lock.venv.single_observation_space, "Error")
+    assert lock.venv.state is State.READY
+    # NEXT_STEP: each restarted env is reset on its next step (reward 0, no flags),
+    # and every other env goes on exactly as the oracle's.
+    got = lock.venv.step(actions_for(0))
+    want = lock.oracle.step(actions_for(0))
+    assert_rows_equal(got, want, others)
+    for i in r.failing:
+        assert (got[1][i], got[2][i], got[3][i]) == (0.0, False, False)
+    assert "_error" not in got[4]
+    for step in range(1, 4):
+        got = lock.venv.step(actions_for(step))
+        assert_rows_equal(got, lock.oracle.step(actions_for(step)), others)
+        assert "_error" not in got[4]
+
+
+@pytest.mark.parametrize(
+    ("fault", "backend", "flavour"),
+    fault_cases(
+        [f for f in FAULTS if f.name in {"raise-in-step-at-random", "hang", "worker-killed"}]
+    ),
+)
+def test_restart_with_random_episode_ends(run, open_venv, fault, backend, flavour):
+    """Short random episodes: autoresets around the restart never disturb the other envs.
+
+    The env fails on its ``at``-th call of step, which comes later than the
+    ``at``-th vector step when it ended an episode before (NEXT_STEP resets it
+    instead of stepping it): every row matches the oracle until a restart shows up.
+    """
+    r = run(dataclasses.replace(fault, lengths=SHORT), backend, flavour)
+    lock = r.open(open_venv, on_error=aiovec.RestartPolicy(backoff=0.0))
+    lock.reset(seed=5)
+    others = [i for i in range(NUM_ENVS) if i not in r.failing]
+    restarted_at = None
+    for step in range(1, 16):
+        got = lock.venv.step(actions_for(step))
+        want = lock.oracle.step(actions_for(step))
+        if restarted_at is None and "_error" in got[4]:
+            restarted_at = step
+            assert {int(i) for i in got[4]["_error"].nonzero()[0]} == r.failing
+            for i in r.failing:
+                assert_restarted_row(got, i, lock.venv.single_observation_space, "Error")
+        assert_rows_equal(got, want, range(NUM_ENVS) if restarted_at is None else others)
+    assert restarted_at is not None, "the fault never struck"
