@@ -359,3 +359,27 @@ def test_requests_and_replies_larger_than_a_pipe_buffer() -> None:
         blobs = venv.get_attr("blob")
         assert all(np.array_equal(blob, big) for blob in blobs)
         venv.step(np.zeros(2, np.int64))
+
+
+def test_a_main_module_without_the_guard_gets_a_hint(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import aiovec\n"
+        "from aiovec.testing import TrivialEnv\n"
+        "aiovec.BlockingVectorEnv([TrivialEnv] * 2, backend='process', num_workers=1)\n"
+    )
+    env = {**os.environ, "AIOVEC_START_METHOD": "spawn"}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode != 0
+    assert "WorkerDiedError" in done.stderr
+    assert "imports the main module anew" in done.stderr.splitlines()[-1]

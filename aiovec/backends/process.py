@@ -696,7 +696,14 @@ def _first_message(worker: _Worker) -> Any:
 def _check_ready(worker: _Worker, reply: Any) -> EnvTraits:
     """The traits a new worker reported, or the error of its construction."""
     if reply is None:
-        died = ChildProcessError(worker.describe())
+        text = worker.describe()
+        if worker.process.exitcode == 1 and START_METHOD != "fork":
+            text += (
+                f"; under the {START_METHOD!r} start method a worker imports the main module "
+                "anew: does it guard its code with `if __name__ == '__main__':`? (the worker's "
+                "traceback is above)"
+            )
+        died = ChildProcessError(text)
         raise WorkerDiedError(dict.fromkeys(worker.group, died), "env_fns[...]()") from died
     if reply[0] == "failed":
         _, index, error, by_factory = reply
