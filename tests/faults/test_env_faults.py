@@ -27,6 +27,7 @@ import aiovec
 from aiovec._core.lifecycle import State
 from faults.conftest import skip_unless_available
 from faults.scenarios import (
+    EPISODE_COUNTERS,
     FAULTS,
     NUM_ENVS,
     NUM_WORKERS,
@@ -41,10 +42,6 @@ from faults.scenarios import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-# After the recovery reset, the faulty env has started one episode fewer than the
-# oracle's when its failed call was a reset; the info keys that count episodes differ.
-EPISODE_COUNTERS = frozenset({("nested", "episodes"), ("label",)})
 
 AFTER_RESET_BUGS = {
     "worker-killed": (
