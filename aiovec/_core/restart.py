@@ -3,12 +3,21 @@
 Pure: the caller passes the time in.  The vector env asks :class:`RestartBook`
 whether an env may be restarted once more, and follows
 :meth:`RestartPolicy.delays` between attempts to rebuild and reset it.
+
+The limit (ML-Agents' model): at most ``max_restarts`` restarts of one env
+within any ``window`` seconds; the failure that would be one more raises
+instead.  Each env has its own budget; a restart leaves the window
+``window`` seconds after it happened.  When several envs fail in one step and
+one of them is over its limit, the step raises and restarts none of them, so
+none of them should be charged: check every env with :meth:`RestartBook.may_restart`
+first, then :meth:`RestartBook.record` the restarts that really happen.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +33,11 @@ class RestartPolicy:
     A failed env is closed (best effort), rebuilt from its factory and reset;
     if that fails too (a server that refuses connections, say), it is tried
     again after ``backoff`` seconds, doubling up to ``max_backoff``, at most
-    ``attempts`` times in all.  An env restarted more than ``max_restarts``
-    times within ``window`` seconds is considered crash-looping: the step
-    raises :class:`aiovec.EnvError` instead, so a dead server fails loudly.
+    ``attempts`` times in all.  One env is restarted at most ``max_restarts``
+    times within any ``window`` seconds: a failure that would need one more
+    restart is taken for a crash loop, and the step raises
+    :class:`aiovec.EnvError` instead, so a dead server fails loudly.  Each env
+    has a budget of its own.
 
     Attributes:
         attempts: Tries to rebuild and reset a failed env before giving up.
@@ -68,14 +79,27 @@ class RestartBook:
         self.policy = policy
         self._times: list[collections.deque[float]] = [collections.deque() for _ in range(num_envs)]
 
-    def allow(self, i: int, now: float) -> bool:
-        """Record a restart of env ``i`` at ``now``, unless it exceeds the limit."""
+    def _recent(self, i: int, now: float) -> collections.deque[float]:
+        """Env ``i``'s restarts still inside the window ending at ``now``."""
         times = self._times[i]
         while times and times[0] <= now - self.policy.window:
             times.popleft()
-        if len(times) >= self.policy.max_restarts:
+        return times
+
+    def may_restart(self, i: int, now: float) -> bool:
+        """Whether env ``i`` may be restarted at ``now`` (nothing is recorded)."""
+        return len(self._recent(i, now)) < self.policy.max_restarts
+
+    def record(self, indices: Iterable[int], now: float) -> None:
+        """Charge a restart at ``now`` to each env of ``indices``."""
+        for i in indices:
+            self._recent(i, now).append(now)
+
+    def allow(self, i: int, now: float) -> bool:
+        """Record a restart of env ``i`` at ``now``, unless it exceeds the limit."""
+        if not self.may_restart(i, now):
             return False
-        times.append(now)
+        self.record((i,), now)
         return True
 
 

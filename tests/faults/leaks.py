@@ -134,6 +134,7 @@ class LeakCheck:
     fds: dict[int, str] = field(default_factory=dict)
     shm_mapped: set[str] = field(default_factory=set)
     created_shm: set[str] = field(default_factory=set)
+    grace: float = GRACE  # what finish() gives winding-down threads and processes
     _restore: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -166,7 +167,7 @@ class LeakCheck:
         _posixshmem.shm_open = shm_open
         self._restore.append((_posixshmem, "shm_open", original))
 
-    def finish(self, grace: float = GRACE) -> list[str]:
+    def finish(self, grace: float | None = None) -> list[str]:
         """Stop watching and describe everything left behind (after ``grace`` seconds at most)."""
         for owner, name, original in self._restore:
             setattr(owner, name, original)
@@ -174,7 +175,7 @@ class LeakCheck:
         if not SUPPORTED:
             return []
         gc.collect()  # what nothing can reach is garbage, not a leak
-        until = time.monotonic() + grace
+        until = time.monotonic() + (self.grace if grace is None else grace)
         return [
             *self._left_threads(until),
             *self._left_children(until),
@@ -217,9 +218,10 @@ def pending_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:
 
 
 @contextlib.contextmanager
-def checking() -> Iterator[LeakCheck]:
+def checking(grace: float = GRACE) -> Iterator[LeakCheck]:
     """``with checking(): ...`` raises ``AssertionError`` listing whatever the block leaked."""
     check = LeakCheck.start()
+    check.grace = grace
     try:
         yield check
     finally:

@@ -42,6 +42,10 @@ RESET_TIMEOUT = 10.0
 LONG = (50, 50)  # episode lengths that never end within a test
 SHORT = (1, 4)  # random terminations and truncations every few steps
 
+# A faulty env may have started a different number of episodes than the oracle's
+# (a failed reset, a rebuilt env): the info keys that count episodes then differ.
+EPISODE_COUNTERS = frozenset({("nested", "episodes"), ("label",)})
+
 EnvFn = Callable[[], Any]
 Setup = tuple[str, str]  # (backend, flavour)
 

@@ -27,10 +27,12 @@ import aiovec
 from aiovec._core.lifecycle import State
 from faults.conftest import skip_unless_available
 from faults.scenarios import (
+    EPISODE_COUNTERS,
     FAULTS,
     NUM_ENVS,
     NUM_WORKERS,
     SHORT,
+    STEP_TIMEOUT,
     Ctx,
     Fault,
     actions_for,
@@ -41,10 +43,6 @@ from faults.scenarios import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-# After the recovery reset, the faulty env has started one episode fewer than the
-# oracle's when its failed call was a reset; the info keys that count episodes differ.
-EPISODE_COUNTERS = frozenset({("nested", "episodes"), ("label",)})
 
 AFTER_RESET_BUGS = {
     "worker-killed": (
@@ -73,12 +71,12 @@ class Run:
         if backend == "process":
             self.kwargs["num_workers"] = NUM_WORKERS
         self.gates = gates
+        self._oracle: SyncVectorEnv | None = None
 
     def open(self, open_venv: Any, **kwargs: Any) -> Lockstep:
-        venv = open_venv(self.fns, **self.kwargs, **kwargs)
-        oracle = SyncVectorEnv(self.oracle_fns)
-        self._oracle = oracle
-        return Lockstep(venv, oracle)
+        venv = open_venv(self.fns, **{**self.kwargs, **kwargs})
+        self._oracle = SyncVectorEnv(self.oracle_fns)
+        return Lockstep(venv, self._oracle)
 
     def until_fault(self, lock: Lockstep) -> tuple[Any, ...]:
         """Reset, then step in lockstep up to (not including) the failing step."""
@@ -88,7 +86,8 @@ class Run:
         return actions_for(self.step)
 
     def close_oracle(self) -> None:
-        self._oracle.close()
+        if self._oracle is not None:
+            self._oracle.close()
 
 
 @pytest.fixture
@@ -200,3 +199,49 @@ def test_restart_with_random_episode_ends(run, open_venv, fault, backend, flavou
                 assert_restarted_row(got, i, lock.venv.single_observation_space, "Error")
         assert_rows_equal(got, want, range(NUM_ENVS) if restarted_at is None else others)
     assert restarted_at is not None, "the fault never struck"
+
+
+HANG = next(f for f in FAULTS if f.name == "hang")
+KILLED = next(f for f in FAULTS if f.name == "worker-killed")
+
+
+@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases([HANG]))
+def test_reset_while_the_env_still_hangs(run, open_venv, fault, backend, flavour):
+    """A call that cannot be interrupted (thread, process) keeps its env busy.
+
+    The inline backend cancels a late async call, so ``reset()`` works at once.
+    On the thread and process backends the late call still runs: ``reset()``
+    of that env waits behind it and fails with ``EnvTimeoutError`` too
+    (bounded by ``reset_timeout``), naming it; the vector env stays consistent,
+    and once the env answers, ``reset()`` recovers.
+    """
+    r = run(fault, backend, flavour)
+    lock = r.open(open_venv, on_error="raise", reset_timeout=STEP_TIMEOUT)
+    expect_failure(r, lock, r.until_fault(lock))
+    lock.ignore = EPISODE_COUNTERS  # the timed-out reset still runs, late
+    if backend == "inline":
+        lock.reset(seed=5)
+    else:
+        with pytest.raises(aiovec.EnvTimeoutError, match=r"in reset\(\)") as info:
+            lock.venv.reset(seed=5)
+        assert r.env in info.value.errors
+        assert lock.venv.state is State.BROKEN
+        r.gates.release_all()
+        lock.reset(seed=6)
+    for step in range(1, 4):
+        lock.step(actions_for(step))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a dead worker's envs carry a WorkerDiedError nested in the WorkerDiedError "
+    "(.errors[i] should be the ChildProcessError that says how the worker died)",
+)
+@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases([KILLED]))
+def test_a_dead_worker_is_reported_once_not_nested(run, open_venv, fault, backend, flavour):
+    r = run(fault, backend, flavour)
+    lock = r.open(open_venv, on_error="raise")
+    error = expect_failure(r, lock, r.until_fault(lock))
+    for cause in error.errors.values():
+        assert isinstance(cause, ChildProcessError)
+        assert "killed by SIGKILL" in str(cause)
