@@ -4,25 +4,21 @@ Two strategies, chosen once, when the runner is made:
 
 ``same-thread`` (a plain script; no loop runs in this thread)
     The runner owns an ``asyncio.Runner`` (for the loop's set-up and
-    tear-down).  Each call drives the coroutine *by hand*, as a task would,
-    with the loop marked as this thread's running loop meanwhile.  A vector
-    call whose envs all finish without waiting (sync envs, CPU-bound async
-    envs) completes at once, costing no loop iteration (~1.5 us instead of
-    the ~50 us of ``Runner.run``).  While the coroutine waits on a future,
-    the runner runs loop iterations until that future is done, then drives
-    the coroutine on: no task, and none of ``run_until_complete``'s set-up
-    per call (a process-backend step waits on every call).  Not
+    tear-down).  Each call first drives the coroutine *without running the
+    loop*: the loop is only marked as this thread's running loop while the
+    coroutine is sent ``None``.  A vector call whose envs all finish without
+    waiting (sync envs, CPU-bound async envs) completes right there, costing
+    no loop iteration (~1.5 us instead of the ~50 us of ``Runner.run``).  A
+    coroutine that suspends is wrapped, with the future it waits on, in a task
+    (``Resume``) that ``loop.run_until_complete`` finishes.  Not
     ``Runner.run``: it swaps the SIGINT handler on every call, which on 3.11
     builds the repr of the finished task and its result (milliseconds for a
     batch of observations).  Ctrl-C, however it arrives (the default handler
-    raising ``KeyboardInterrupt`` out of a loop iteration, or an env raising
-    it), is thrown into the coroutine as a cancellation, which is driven until
-    it has unwound before ``KeyboardInterrupt`` propagates, so nothing is
-    orphaned.  This path runs only on the default loop, whose clock is
-    ``time.monotonic`` and whose iterations it can run one at a time; with
-    another loop (uvloop caches its clock between iterations, so timers
-    started outside it can fire early) each call is a task that
-    ``loop.run_until_complete`` finishes.
+    raising ``KeyboardInterrupt`` out of the loop, or an env raising it),
+    cancels that task and lets it unwind before ``KeyboardInterrupt``
+    propagates, so nothing is orphaned.  The fast path runs only on the
+    default loop, whose clock is ``time.monotonic``: uvloop caches its clock
+    between iterations, so timers started outside it can fire early.
 
 ``loop-thread`` (a loop already runs in this thread, e.g. Jupyter)
     The runner starts an anyio blocking portal: an event loop on a thread of
@@ -38,6 +34,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, cast
 
 from aiovec._errors import ClosedError
+from aiovec._resume import Resume
 
 __all__ = ("Runner",)
 
@@ -85,52 +82,17 @@ class Runner:
                 "envs on a helper thread) or use AsyncioVectorEnv with `await`"
             )
         if self._fast:
-            return self._drive(coro)
+            loop = self._loop or self._first_loop()
+            asyncio._set_running_loop(loop)
+            try:
+                first = coro.send(None)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            finally:
+                asyncio._set_running_loop(None)
+            return cast(T, self._run_on_loop(Resume(coro, first)))
         return cast(T, self._run_on_loop(coro))
-
-    def _drive(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Drive ``coro`` by hand; while it waits on a future, run loop iterations.
-
-        This is what a task would do, without the task: the loop is marked
-        running only while this thread drives it, and each wait costs loop
-        iterations only (no task, no ``run_until_complete`` set-up and
-        tear-down).  Ctrl-C that arrives while the loop runs is thrown into
-        ``coro`` as a cancellation, which is driven until it has unwound.
-        """
-        loop = self._loop or self._first_loop()
-        run_once = loop._run_once  # type: ignore[attr-defined]
-        asyncio._set_running_loop(loop)
-        try:
-            waiting = coro.send(None)
-            while True:
-                try:
-                    if waiting is None:  # a bare yield (asyncio.sleep(0)): let others run
-                        run_once()
-                    else:
-                        waiting._asyncio_future_blocking = False
-                        while not waiting.done():
-                            run_once()
-                except BaseException:
-                    self._unwind(coro, run_once)
-                    raise
-                waiting = coro.send(None)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        finally:
-            asyncio._set_running_loop(None)
-
-    @staticmethod
-    def _unwind(coro: Coroutine[Any, Any, Any], run_once: Callable[[], None]) -> None:
-        """Cancel ``coro`` (Ctrl-C escaped the loop) and drive it until it has unwound."""
-        try:
-            waiting = coro.throw(asyncio.CancelledError())
-            while True:
-                while waiting is not None and not waiting.done():
-                    run_once()
-                waiting = coro.send(None)
-        except BaseException:  # its end, or the cancellation (the interrupt matters more)
-            return
 
     def _run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` as a task; Ctrl-C (or any escape) cancels it and lets it unwind."""
