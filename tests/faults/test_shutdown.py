@@ -230,21 +230,7 @@ def test_ctrl_c_in_the_blocking_wrapper(backend, flavour, gates):
 # --------------------------------------------------------------------------- closing
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "inline",
-        "thread",
-        pytest.param(
-            "process",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: close() leaves each worker's two sentinel pipes open until the "
-                "vector env is garbage-collected (Process.close() is never called)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", ["inline", "thread", "process"])
 @pytest.mark.asyncio
 async def test_close_releases_everything_even_while_the_object_lives(backend):
     check = LeakCheck.start()
