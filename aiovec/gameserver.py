@@ -124,6 +124,7 @@ _SPACES: Final = {
     "observation": {"low": 0.0, "high": 1.0, "shape": [_OBS_SIZE], "dtype": "float32"},
     "action": {"n": len(_MOVES)},
 }
+_MOVE_BATCH: Final = 64
 CATCH_REWARD: Final = 1.0
 STEP_REWARD: Final = -0.01
 
@@ -152,7 +153,8 @@ class ChaseGame:
     Observation: ``[runner_x, runner_y, target_x, target_y] / (size - 1)`` as
     float32.  Actions: 0 stay, 1 up, 2 down, 3 left, 4 right; moves off the
     grid are clipped.  After the runner moves, an uncaught target makes a
-    random move (staying is one of the five).  Reward ``1.0`` on the catch,
+    random move (staying is one of the five; the generator is asked for
+    moves 64 at a time, from the first step after each reset).  Reward ``1.0`` on the catch,
     which terminates, ``-0.01`` otherwise; truncated after ``max_steps``
     steps.  Info: ``{"steps": int, "distance": int}`` (Manhattan distance).
 
@@ -168,6 +170,11 @@ class ChaseGame:
         self.runner = self.target = (0, 0)
         self.steps = 0
         self._rng: np.random.Generator | None = None
+        self._moves: list[int] = []  # the target's next moves, drawn _MOVE_BATCH at a time
+        # Each coordinate / (size - 1) as float32 (held as Python floats): one lookup each.
+        self._coords: list[float] = (
+            np.arange(size, dtype=np.float32) / np.float32(size - 1)
+        ).tolist()
 
     def reset(self, rng: np.random.Generator) -> tuple[Obs, dict[str, Any]]:
         """Start an episode; ``rng`` places the pieces and moves the target from now on."""
@@ -176,6 +183,7 @@ class ChaseGame:
         self.runner = divmod(int(runner), self.size)
         self.target = divmod(int(target), self.size)
         self.steps = 0
+        self._moves = []
         return self._observe(), self._info()
 
     def step(self, action: SupportsIndex) -> StepResult:
@@ -185,7 +193,9 @@ class ChaseGame:
         self.runner = self._moved(self.runner, _action_index(action))
         caught = self.runner == self.target
         if not caught:
-            self.target = self._moved(self.target, int(self._rng.integers(len(_MOVES))))
+            if not self._moves:  # one generator call per _MOVE_BATCH moves, not per move
+                self._moves = self._rng.integers(len(_MOVES), size=_MOVE_BATCH).tolist()[::-1]
+            self.target = self._moved(self.target, self._moves.pop())
             caught = self.runner == self.target
         self.steps += 1
         truncated = not caught and self.steps >= self.max_steps
@@ -197,12 +207,12 @@ class ChaseGame:
         return min(max(x + dx, 0), last), min(max(y + dy, 0), last)
 
     def _observe(self) -> Obs:
-        cells = np.array([*self.runner, *self.target], dtype=np.float32)
-        return cells / np.float32(self.size - 1)
+        coords, (rx, ry), (tx, ty) = self._coords, self.runner, self.target
+        return np.array((coords[rx], coords[ry], coords[tx], coords[ty]), dtype=np.float32)
 
     def _info(self) -> dict[str, Any]:
-        distance = sum(abs(a - b) for a, b in zip(self.runner, self.target, strict=True))
-        return {"steps": self.steps, "distance": distance}
+        (rx, ry), (tx, ty) = self.runner, self.target
+        return {"steps": self.steps, "distance": abs(rx - tx) + abs(ry - ty)}
 
 
 class LocalGameEnv(gymnasium.Env[Obs, np.int64]):
