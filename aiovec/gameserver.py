@@ -28,9 +28,10 @@ layers, the first two pure (no sockets, no event loop):
 
    A :class:`_Session` (one connection's game and generator) turns a decoded
    request into a reply, or raises :class:`ProtocolError`.
-3. **The server** (:class:`GameServer`).  asyncio streams on 127.0.0.1, one
-   task and one session per connection.  Each ``reset``/``step`` reply waits
-   ``latency`` (+ seeded ``jitter``) seconds.  Any protocol error gets an
+3. **The server** (:class:`GameServer`).  An ``asyncio.Protocol`` per
+   connection on 127.0.0.1, each with its session; no task per connection.
+   Each ``reset``/``step`` reply waits ``latency`` (+ seeded ``jitter``)
+   seconds in one heap shared by every connection, under one loop timer.  Any protocol error gets an
    ``error`` reply and that connection closed; other sessions never notice.
    Tests make failures with :meth:`GameServer.drop_all` and
    :meth:`GameServer.pause_accepting`; :meth:`GameServer.start_in_thread` runs
@@ -59,7 +60,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import heapq
 import ipaddress
+import itertools
 import json
 import operator
 import random
@@ -121,6 +124,7 @@ _SPACES: Final = {
     "observation": {"low": 0.0, "high": 1.0, "shape": [_OBS_SIZE], "dtype": "float32"},
     "action": {"n": len(_MOVES)},
 }
+_MOVE_BATCH: Final = 64
 CATCH_REWARD: Final = 1.0
 STEP_REWARD: Final = -0.01
 
@@ -149,7 +153,8 @@ class ChaseGame:
     Observation: ``[runner_x, runner_y, target_x, target_y] / (size - 1)`` as
     float32.  Actions: 0 stay, 1 up, 2 down, 3 left, 4 right; moves off the
     grid are clipped.  After the runner moves, an uncaught target makes a
-    random move (staying is one of the five).  Reward ``1.0`` on the catch,
+    random move (staying is one of the five; the generator is asked for
+    moves 64 at a time, from the first step after each reset).  Reward ``1.0`` on the catch,
     which terminates, ``-0.01`` otherwise; truncated after ``max_steps``
     steps.  Info: ``{"steps": int, "distance": int}`` (Manhattan distance).
 
@@ -165,6 +170,11 @@ class ChaseGame:
         self.runner = self.target = (0, 0)
         self.steps = 0
         self._rng: np.random.Generator | None = None
+        self._moves: list[int] = []  # the target's next moves, drawn _MOVE_BATCH at a time
+        # Each coordinate / (size - 1) as float32 (held as Python floats): one lookup each.
+        self._coords: list[float] = (
+            np.arange(size, dtype=np.float32) / np.float32(size - 1)
+        ).tolist()
 
     def reset(self, rng: np.random.Generator) -> tuple[Obs, dict[str, Any]]:
         """Start an episode; ``rng`` places the pieces and moves the target from now on."""
@@ -173,6 +183,7 @@ class ChaseGame:
         self.runner = divmod(int(runner), self.size)
         self.target = divmod(int(target), self.size)
         self.steps = 0
+        self._moves = []
         return self._observe(), self._info()
 
     def step(self, action: SupportsIndex) -> StepResult:
@@ -182,7 +193,9 @@ class ChaseGame:
         self.runner = self._moved(self.runner, _action_index(action))
         caught = self.runner == self.target
         if not caught:
-            self.target = self._moved(self.target, int(self._rng.integers(len(_MOVES))))
+            if not self._moves:  # one generator call per _MOVE_BATCH moves, not per move
+                self._moves = self._rng.integers(len(_MOVES), size=_MOVE_BATCH).tolist()[::-1]
+            self.target = self._moved(self.target, self._moves.pop())
             caught = self.runner == self.target
         self.steps += 1
         truncated = not caught and self.steps >= self.max_steps
@@ -194,12 +207,12 @@ class ChaseGame:
         return min(max(x + dx, 0), last), min(max(y + dy, 0), last)
 
     def _observe(self) -> Obs:
-        cells = np.array([*self.runner, *self.target], dtype=np.float32)
-        return cells / np.float32(self.size - 1)
+        coords, (rx, ry), (tx, ty) = self._coords, self.runner, self.target
+        return np.array((coords[rx], coords[ry], coords[tx], coords[ty]), dtype=np.float32)
 
     def _info(self) -> dict[str, Any]:
-        distance = sum(abs(a - b) for a, b in zip(self.runner, self.target, strict=True))
-        return {"steps": self.steps, "distance": distance}
+        (rx, ry), (tx, ty) = self.runner, self.target
+        return {"steps": self.steps, "distance": abs(rx - tx) + abs(ry - ty)}
 
 
 class LocalGameEnv(gymnasium.Env[Obs, np.int64]):
@@ -251,11 +264,11 @@ _REPLIES: Final[Mapping[str, _Fields]] = {
 
 def _encode(message: Message) -> bytes:
     """One frame: the 4-byte big-endian length, then compact JSON."""
-    payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    payload = _ENCODER.encode(message).encode()
     return _HEADER.pack(len(payload)) + payload
 
 
-def _frame_length(header: bytes, max_bytes: int) -> int:
+def _frame_length(header: bytes | bytearray, max_bytes: int) -> int:
     """The announced payload length, refused if over ``max_bytes`` (body not read yet)."""
     (length,) = _HEADER.unpack(header)
     if length > max_bytes:
@@ -273,10 +286,15 @@ def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not allowed")
 
 
+# Made once: json.dumps/loads with options build a new encoder/decoder per call.
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_DECODER: Final = json.JSONDecoder(parse_constant=_no_constants)
+
+
 def _decode(payload: bytes, schema: Mapping[str, _Fields]) -> Message:
     """Parse and check one payload against ``schema`` (type -> field types)."""
     try:
-        message = json.loads(payload, parse_constant=_no_constants)
+        message = _DECODER.decode(payload.decode())
     except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and NaN errors are ValueErrors
         raise ProtocolError(f"malformed frame: not valid UTF-8 JSON ({exc})") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
@@ -454,6 +472,9 @@ class ServerStats:
         resets: ``reset`` requests answered.
         steps: ``step`` requests answered.
         errors: ``error`` replies sent (each closed its connection).
+        wakeups: Times the reply timer woke the server's loop.  Replies that
+            fall due together are sent in one wakeup, so under load this is
+            far below ``resets + steps``.
     """
 
     connections: int = 0
@@ -461,10 +482,17 @@ class ServerStats:
     resets: int = 0
     steps: int = 0
     errors: int = 0
+    wakeups: int = 0
 
 
 class GameServer:
     """Host one :class:`ChaseGame` session per TCP connection, on 127.0.0.1 only.
+
+    Each connection is an ``asyncio.Protocol``: requests are parsed as bytes
+    arrive, and every delayed reply waits in one heap shared by all
+    connections, under one loop timer set for the earliest (one timer per
+    request would cost a timer handle and a wakeup each).  A connection's
+    replies leave in the order of its requests.
 
     Args:
         port: Port to listen on; ``0`` picks a free one (read ``.port`` after start).
@@ -506,10 +534,12 @@ class GameServer:
         self._port: int | None = None
         self._jitter = random.Random(jitter_seed)
         self._server: asyncio.Server | None = None
-        self._sessions: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
-        self._dropped: set[asyncio.Task[Any]] = set()  # sessions cancelled by _drop_sessions
-        self._open = asyncio.Event()  # cleared while pause_accepting() holds connections
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connections: set[_Connection] = set()
+        self._held: list[_Connection] = []  # connected while pause_accepting() held them
+        self._holding = False
         self._refusing = False
+        self._replies = _ReplyTimer(self.stats)
 
     @property
     def port(self) -> int:
@@ -526,24 +556,30 @@ class GameServer:
     @property
     def active_connections(self) -> int:
         """Connections open right now (held ones included)."""
-        return len(self._sessions)
+        return len(self._connections)
 
     async def start(self) -> None:
         """Start listening (``async with`` does this for you)."""
         if self._server is not None:
             raise RuntimeError("GameServer is already started")
-        self._open.set()
-        self._server = await asyncio.start_server(self._serve, LOOPBACK, self._requested_port)
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_server(
+            lambda: _Connection(self), LOOPBACK, self._requested_port
+        )
         self._port = int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
-        """Stop listening, drop every connection and wait for their tasks (idempotent)."""
+        """Stop listening, drop every connection and wait until each is closed (idempotent)."""
         server, self._server = self._server, None
         if server is None:
             return
         server.close()
-        while self._sessions:
-            await asyncio.gather(*self._drop_sessions(), return_exceptions=True)
+        self._replies.clear()
+        while self._connections:
+            closed = [c.closed for c in self._connections]
+            for connection in self._connections:
+                connection.transport.abort()
+            await asyncio.wait(closed)
         await server.wait_closed()
 
     async def __aenter__(self) -> Self:
@@ -575,7 +611,10 @@ class GameServer:
         Returns:
             How many connections were dropped.
         """
-        return len(self._drop_sessions())
+        open_ = [c for c in self._connections if not c.transport.is_closing()]
+        for connection in open_:
+            connection.transport.abort()
+        return len(open_)
 
     def pause_accepting(self, *, refuse: bool = False) -> None:
         """Stop admitting new connections until :meth:`resume_accepting`.
@@ -586,80 +625,156 @@ class GameServer:
                 once (clients fail immediately with a ``ConnectionError``).
         """
         self._refusing = refuse
-        if not refuse:
-            self._open.clear()
+        self._holding = not refuse
 
     def resume_accepting(self) -> None:
         """Admit connections again, held ones included."""
-        self._refusing = False
-        self._open.set()
+        self._refusing = self._holding = False
+        held, self._held = self._held, []
+        for connection in held:
+            if not connection.transport.is_closing():
+                self._admit(connection)
 
-    def _drop_sessions(self) -> list[asyncio.Task[Any]]:
-        for task, writer in self._sessions.items():
-            writer.transport.abort()
-            if task not in self._dropped:
-                self._dropped.add(task)
-                task.cancel()
-        return list(self._sessions)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._sessions[task] = writer
-        try:
-            if await self._admitted(writer):
-                await self._converse(reader, writer)
-        except ConnectionError:
-            pass  # the client went away; the session ends
-        except asyncio.CancelledError:
-            # Python 3.11's start_server chokes on a cancelled handler task: end
-            # quietly when the cancellation is only ours (as asyncio.timeout does).
-            if task not in self._dropped or task.uncancel() > 0:
-                raise
-        finally:
-            del self._sessions[task]
-            self._dropped.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _admitted(self, writer: asyncio.StreamWriter) -> bool:
+    def _connected(self, connection: _Connection) -> bool:
+        """A new connection: admitted, held or refused; ``False`` if it was refused."""
         if self._refusing or self._server is None:
             self.stats.refused += 1
-            writer.transport.abort()
+            connection.transport.abort()
             return False
-        await self._open.wait()
-        self.stats.connections += 1
+        self._connections.add(connection)
+        if self._holding:
+            connection.transport.pause_reading()
+            self._held.append(connection)
+        else:
+            self._admit(connection)
         return True
 
-    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = _Session(self.size, self.max_steps)
-        while (reply := await self._answer(session, reader)) is not None:
-            writer.write(_encode(reply))
-            await writer.drain()
-            if reply["type"] == "error":
+    def _admit(self, connection: _Connection) -> None:
+        self.stats.connections += 1
+        connection.admitted = True
+        connection.resume_reading()
+
+    def _delay(self) -> float:
+        return self.latency + (self._jitter.uniform(0, self.jitter) if self.jitter else 0.0)
+
+
+class _Connection(asyncio.Protocol):
+    """One client's session on a :class:`GameServer`: frames in, replies out (in order)."""
+
+    transport: asyncio.Transport
+
+    def __init__(self, server: GameServer) -> None:
+        self.server = server
+        self.session = _Session(server.size, server.max_steps)
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.admitted = False
+        self.last_due = 0.0  # loop time at which this connection's last queued reply leaves
+        self._buffer = bytearray()
+        self._writing_paused = False
+        self._done = False  # an error reply is on its way: read nothing more
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a TCP transport
+        if not self.server._connected(self):
+            self.closed.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._connections.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:  # the client does not read: stop reading it too
+        self._writing_paused = True
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self.resume_reading()
+
+    def resume_reading(self) -> None:
+        if self.admitted and not self._writing_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._done:
+            return
+        buffer = self._buffer
+        buffer += data
+        server = self.server
+        while not self._done and len(buffer) >= _HEADER.size:
+            try:
+                length = _frame_length(buffer[: _HEADER.size], server.max_message_bytes)
+                if len(buffer) < _HEADER.size + length:
+                    return
+                payload = bytes(buffer[_HEADER.size : _HEADER.size + length])
+                del buffer[: _HEADER.size + length]
+                reply = self.session.handle(_decode(payload, _REQUESTS))
+            except ProtocolError as exc:
+                server.stats.errors += 1
+                self._done = True
+                self._send({"type": "error", "message": str(exc)}, 0.0)
                 return
+            self._send(reply, 0.0 if reply["type"] == "hello" else server._delay())
 
-    async def _answer(self, session: _Session, reader: asyncio.StreamReader) -> Message | None:
-        """The reply to the next request; ``None`` when the client hung up between frames."""
-        try:
-            payload = await _read_frame(reader, self.max_message_bytes)
-            if payload is None:
-                return None
-            reply = session.handle(_decode(payload, _REQUESTS))
-        except ProtocolError as exc:
-            self.stats.errors += 1
-            return {"type": "error", "message": str(exc)}
-        if reply["type"] != "hello":
-            await self._delay()
-            self.stats.resets += reply["type"] == "reset"
-            self.stats.steps += reply["type"] == "step"
-        return reply
+    def _send(self, reply: Message, delay: float) -> None:
+        """Send ``reply`` in ``delay`` seconds, after this connection's earlier replies."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = max(now + delay, self.last_due)
+        self.last_due = due
+        if due <= now:
+            self.write(reply["type"], _encode(reply))
+        else:
+            self.server._replies.add(loop, due, self, reply["type"], _encode(reply))
 
-    async def _delay(self) -> None:
-        delay = self.latency + (self._jitter.uniform(0, self.jitter) if self.jitter else 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
+    def write(self, kind: str, data: bytes) -> None:
+        """Write a reply now (dropped if the connection is gone); an error closes it."""
+        if self.transport.is_closing():
+            return
+        stats = self.server.stats  # counted first: the client may read them once it has the reply
+        if kind == "step":
+            stats.steps += 1
+        elif kind == "reset":
+            stats.resets += 1
+        self.transport.write(data)
+        if kind == "error":
+            self.transport.close()  # after the reply has been flushed
+
+
+class _ReplyTimer:
+    """Replies waiting for their time, for every connection, under one loop timer."""
+
+    def __init__(self, stats: ServerStats) -> None:
+        self._stats = stats
+        self._heap: list[tuple[float, int, _Connection, str, bytes]] = []
+        self._order = itertools.count()  # keeps equal times in the order they came
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(
+        self, loop: asyncio.AbstractEventLoop, due: float, to: _Connection, kind: str, data: bytes
+    ) -> None:
+        heapq.heappush(self._heap, (due, next(self._order), to, kind, data))
+        timer = self._timer
+        if timer is None or due < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(due, self._fire, loop)
+
+    def clear(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._heap.clear()
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._stats.wakeups += 1
+        self._timer = None
+        heap, now = self._heap, loop.time()
+        while heap and heap[0][0] <= now:
+            _, _, to, kind, data = heapq.heappop(heap)
+            to.write(kind, data)
+        if heap:
+            self._timer = loop.call_at(heap[0][0], self._fire, loop)
 
 
 async def _read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:

@@ -29,7 +29,9 @@ Cases (the figures of docs/network.md):
     thread of this process it would compete for the GIL with the clients that
     live here (aiovec, the thread pool) but not with those in gymnasium's
     worker processes, and distort the comparison; ``--server both`` measures
-    both ways.
+    both ways.  The server process is pinned to the last CPU
+    (``--no-pin-server`` to leave it free), so that on a small machine the
+    clients' loop and the server do not take turns on one core.
 ``partial``
     N = 256 envs whose every step waits a time drawn from 1-20 ms (per env and
     step, seeded): full-batch ``step`` (it waits for the slowest env every time)
@@ -48,9 +50,13 @@ the order rotating from one repetition to the next, so that noise from other
 processes hits all candidates alike.  Reported per candidate, medians over
 repetitions: milliseconds per vector step; env-steps per second; *overhead
 per env-step*, the step time minus the latency, divided by N (what each
-waiting env costs above the wait); CPU time per env-step (this process, all
-threads, plus the worker processes it started; the game server's own CPU is
-given apart); and memory: the growth of this process's RSS while the
+waiting env costs above the wait); *aiovec's own* overhead per env-step,
+aiovec's step time minus that of the bare ``gather`` over the same envs on
+the same loop, paired per repetition, divided by N (what aiovec adds to
+what the loop itself spends on every waiting env); CPU time per env-step
+(this process, all threads, plus the worker processes it started; the game
+server's own CPU is given apart); and memory: the growth of this process's
+RSS while the
 candidate was built and warmed, plus the RSS of its worker processes (and
 their PSS, which counts the pages they share once).  Ratios between
 candidates are medians over repetitions of paired ratios.  Once built, what
@@ -712,11 +718,27 @@ def row(case: Case, cand: IOCandidate) -> dict[str, Any]:
 # ------------------------------------------------------------- game server
 
 
+def server_cpu(pin: bool) -> int | None:
+    """The CPU to pin the game server process to: the last one this process may use.
+
+    ``None`` (no pinning) when ``pin`` is false, on one CPU, or where
+    affinity cannot be set (not Linux).
+    """
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[-1] if len(cpus) > 1 else None
+
+
 @contextmanager
-def game_server(where: str) -> Iterator[tuple[int, int | None]]:
+def game_server(where: str, cpu: int | None = None) -> Iterator[tuple[int, int | None]]:
     """A loopback ``GameServer`` (``SERVER_LATENCY``) on a thread or in a process.
 
     Yields its port, and the server process's pid (``None`` for a thread).
+    ``cpu``: pin the server process to that CPU (its threads included; a
+    server thread is never pinned).  The clients may still use every CPU: the
+    scheduler then keeps them off the server's CPU while it is busy, so the
+    client's loop and the server do not take turns on one core.
     """
     if where == "thread":
         thread = GameServer(latency=SERVER_LATENCY).start_in_thread()
@@ -727,7 +749,9 @@ def game_server(where: str) -> Iterator[tuple[int, int | None]]:
         return
     # A process of its own: print the port, serve until the parent closes our stdin.
     code = (
-        "import asyncio, sys\n"
+        "import asyncio, os, sys\n"
+        "if sys.argv[2] != '-':\n"
+        "    os.sched_setaffinity(0, {int(sys.argv[2])})\n"
         "from aiovec.gameserver import GameServer\n"
         "async def main():\n"
         "    async with GameServer(latency=float(sys.argv[1])) as server:\n"
@@ -736,7 +760,7 @@ def game_server(where: str) -> Iterator[tuple[int, int | None]]:
         "asyncio.run(main())\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(SERVER_LATENCY)],
+        [sys.executable, "-c", code, str(SERVER_LATENCY), "-" if cpu is None else str(cpu)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -850,6 +874,33 @@ def find(rows: Sequence[dict[str, Any]], case: str, n: int, prefix: str) -> dict
     return None
 
 
+def add_own_overhead(rows: Sequence[dict[str, Any]]) -> None:
+    """``own_us_per_env_step`` for each aiovec row that has a bare ``gather`` beside it.
+
+    aiovec's own cost: its step time minus that of a bare ``asyncio.gather``
+    over the same env coroutines on the same kind of loop, per env, paired
+    repetition by repetition (the median of the paired differences).  The
+    difference to the wait itself (``overhead_us_per_env_step``) also counts
+    what the event loop spends on every waiting env, which no implementation
+    on that loop avoids.
+    """
+    for r in rows:
+        name = r["candidate"]
+        if name.startswith("aiovec await ("):
+            loop = name.removeprefix("aiovec await (").rstrip(")")
+        elif name == "aiovec blocking":
+            loop = "asyncio"
+        else:
+            continue
+        bare = find(rows, r["case"], r["case_envs"], f"bare asyncio.gather ({loop})")
+        if bare is None or bare["case"] != r["case"]:
+            continue
+        pairs = zip(r["seconds"], bare["seconds"], strict=True)
+        per_env = r["steps"] * r["num_envs"]
+        r["own_us_per_env_step"] = statistics.median((x - y) / per_env * 1e6 for x, y in pairs)
+        r["own_baseline"] = bare["candidate"]
+
+
 def rate_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Median over repetitions of the paired ratio of env-steps/s, ``a`` over ``b``."""
     pairs = zip(a["seconds"], b["seconds"], strict=True)
@@ -883,8 +934,11 @@ def targets(
     for n in (64, 256):
         for front in (mine, "aiovec await (uvloop)"):
             if r := find(rows, sleep, n, front):
-                overhead = r["overhead_us_per_env_step"]
-                add(f"sleep N={n}, {front}: overhead us/env-step", overhead, "<=", 5.0)
+                total = r["overhead_us_per_env_step"]
+                add(f"sleep N={n}, {front}: (step - 5 ms) / N, us", total, "<=", 5.0)
+                if "own_us_per_env_step" in r:
+                    own = r["own_us_per_env_step"]
+                    add(f"sleep N={n}, {front}: aiovec's own, us/env-step", own, "<=", 5.0)
         for other, limit in (("gymnasium AsyncVectorEnv", 4.0), ("thread pool", 1.3)):
             a, b = find(rows, sleep, n, mine), find(rows, sleep, n, other)
             if a and b:
@@ -959,9 +1013,9 @@ def print_report(
     print()
     print(
         "| case | N | candidate | ms/step | env-steps/s | overhead us/env-step "
-        "| CPU us/env-step | memory MB | notes |"
+        "| aiovec's own us/env-step | CPU us/env-step | memory MB | notes |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         memory_mb = _fmt(r["rss_mb"], ".1f")
         if r["child_pss_mb"] is not None:
@@ -976,6 +1030,7 @@ def print_report(
         print(
             f"| {r['case']} | {r['num_envs']} | {r['candidate']} | {r['ms_per_step']:.2f} "
             f"| {r['env_steps_per_s']:,.0f} | {_fmt(r['overhead_us_per_env_step'], '.1f')} "
+            f"| {_fmt(r.get('own_us_per_env_step'), '.1f')} "
             f"| {_fmt(r.get('cpu_us_per_env_step'), '.1f')} | {memory_mb} | {'; '.join(extras)} |"
         )
     if memory is not None:
@@ -1025,6 +1080,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="where the tcp case's game server runs (default: a process of its own)",
     )
     parser.add_argument(
+        "--no-pin-server",
+        dest="pin_server",
+        action="store_false",
+        help="do not pin the tcp case's game server process to the last CPU",
+    )
+    parser.add_argument(
         "--no-gc-freeze",
         dest="gc_freeze",
         action="store_false",
@@ -1071,8 +1132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             done(f"sleep N={n}")
     servers = ("process", "thread") if args.server == "both" else (args.server,)
     if "tcp" in args.cases:
+        cpu = server_cpu(args.pin_server)
+        pinned = "not pinned" if cpu is None else f"pinned to CPU {cpu}"
+        notes.append(f"tcp: the game server process was {pinned}")
         for where in servers:
-            with game_server(where) as (port, pid):
+            with game_server(where, cpu) as (port, pid):
                 rows += run_case(tcp_case(256, port, pid, where, args), args)
             done(f"tcp (server {where})")
             notes += tcp_cpu_notes(rows, where)
@@ -1093,6 +1157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         done(f"N={n}")
         memory = run_memory_probes(n, 1 if args.quick else 3)
         done("memory")
+    add_own_overhead(rows)
     goals = targets(rows, memory, f"tcp {SERVER_LATENCY * 1e3:g} ms (server {servers[0]})")
     info["load_avg_1min_end"] = f"{os.getloadavg()[0]:.2f}"
     print_report(info, rows, memory, goals, notes)

@@ -364,6 +364,32 @@ async def test_latency_is_applied_to_each_reply(loop_errors):
 
 
 @pytest.mark.asyncio
+async def test_pipelined_requests_are_answered_in_order_despite_jitter(loop_errors):
+    # Each reply draws its own jitter, so a later request's reply may fall due first.
+    async with GameServer(latency=0.001, jitter=0.02) as server:
+        reader, writer = await asyncio.open_connection(*server.address)
+        steps = [message(type="step", action=a % 5) for a in range(12)]
+        writer.write(b"".join([message(type="hello", version=1), RESET, *steps]))
+        kinds = [(await read_message(reader))["type"] for _ in range(2)]
+        infos = [(await read_message(reader))["info"] for _ in steps]
+        assert kinds == ["hello", "reset"]
+        assert [info["steps"] for info in infos] == list(range(1, 13))
+        assert 1 <= server.stats.wakeups <= 13  # the timer woke the loop, at most once a reply
+        writer.close()
+        await writer.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_replies_without_latency_need_no_timer(loop_errors):
+    async with GameServer() as server:
+        env = GameClientEnv(port=server.port)
+        await env.reset(seed=0)
+        await env.step(0)
+        assert (server.stats.steps, server.stats.wakeups) == (1, 0)
+        await env.close()
+
+
+@pytest.mark.asyncio
 async def test_many_remote_envs_wait_concurrently(loop_errors):
     num_envs, latency = 64, 0.02
     async with GameServer(latency=latency) as server:

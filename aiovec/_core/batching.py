@@ -1,22 +1,23 @@
 """Batching: per-env results in, gymnasium's batched form out.
 
 Observations are concatenated with ``gymnasium.vector.utils.concatenate``,
-actions split with ``iterate`` and infos merged with gymnasium's own
-``VectorEnv._add_info``, so the batched form is gymnasium's by construction.
+actions split with ``iterate``, and infos merged one key at a time into
+exactly what gymnasium's own ``VectorEnv._add_info`` gives env by env
+(:mod:`aiovec._core.infos`), so the batched form is gymnasium's.
 """
 
 from __future__ import annotations
 
 import copy as copy_module
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from aiovec._core.calls import Transition
+from aiovec._core.infos import merge_infos
 from aiovec._core.layout import copy_rows
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._core.validate import action_checker
@@ -24,16 +25,6 @@ from aiovec._core.validate import action_checker
 __all__ = ("Batcher", "StepBatch", "copy_batch", "stack_box")
 
 StepBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
-
-
-class _InfoMerger:
-    """Holds ``num_envs`` so that gymnasium's ``_add_info`` can run on it unchanged."""
-
-    __slots__ = ("num_envs",)
-    _add_info = VectorEnv._add_info
-
-    def __init__(self, num_envs: int) -> None:
-        self.num_envs = num_envs
 
 
 def stack_box(items: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -108,10 +99,6 @@ class Batcher:
         self._iterate = iterate.dispatch(type(self.action_space))
         self._check_actions = action_checker(action_space, num_envs)
         self._box = type(observation_space) is spaces.Box
-        # gymnasium's own info merge, bound once (its ``self`` only needs num_envs)
-        self._merge: Callable[[dict[str, Any], dict[str, Any], int], dict[str, Any]] = cast(
-            Any, _InfoMerger(num_envs)
-        )._add_info
 
     # -- actions ---------------------------------------------------------------
 
@@ -130,13 +117,12 @@ class Batcher:
     ) -> tuple[Any, dict[str, Any]]:
         """Batch the ``(obs, info)`` of the envs in ``indices`` (others keep their last obs)."""
         env_obs = self._last_observations()
-        merge = self._merge
-        infos: dict[str, Any] = {}
+        entries: list[tuple[int, dict[str, Any]]] = []
         for i in indices:
             obs, info = results[i]
             env_obs[i] = obs
-            infos = merge(infos, info, i)
-        return self._observations(), infos
+            entries.append((i, info))
+        return self._observations(), merge_infos(self.num_envs, entries)
 
     def step_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
         """Batch the transitions of every env (``indices`` is ``range(num_envs)``)."""
@@ -154,14 +140,11 @@ class Batcher:
         else:
             for i, o in zip(indices, obs, strict=True):
                 env_obs[i] = o
-        merge = self._merge
         infos: dict[str, Any] = {}
         if any(infos_) or any(finals):  # many envs return no info at all
-            for i, info, final in zip(indices, infos_, finals, strict=True):
-                if final is not None:
-                    infos = merge(infos, final, i)
-                if info:
-                    infos = merge(infos, info, i)
+            infos = merge_infos(
+                self.num_envs, _info_entries(zip(indices, infos_, finals, strict=True))
+            )
         return (
             self._observations(),
             np.array(rewards, dtype=np.float64),
@@ -185,13 +168,7 @@ class Batcher:
         env_obs = self._last_observations()
         for i, o in zip(indices, obs, strict=True):
             env_obs[i] = o
-        merge = cast(Any, _InfoMerger(rows))._add_info
-        infos: dict[str, Any] = {}
-        for k, (info, final) in enumerate(zip(infos_, finals, strict=True)):
-            if final is not None:
-                infos = merge(infos, final, k)
-            if info:
-                infos = merge(infos, info, k)
+        infos = merge_infos(rows, _info_entries(zip(range(rows), infos_, finals, strict=True)))
         space = self.single_observation_space
         batch: Any
         if self._box:
@@ -232,13 +209,8 @@ class Batcher:
                     (i, block.infos.get(i), block.finals.get(i))
                     for i in sorted({*block.infos, *block.finals})
                 )
-        infos: dict[str, Any] = {}
-        merge = self._merge
-        for i, info, final in sorted(extras, key=lambda extra: extra[0]):
-            if final is not None:
-                infos = merge(infos, final, i)
-            if info:
-                infos = merge(infos, info, i)
+        extras.sort(key=lambda extra: extra[0])
+        infos = merge_infos(n, _info_entries(extras))
         self._block_obs_current = True
         batch = copy_batch(observations) if self.copy else observations
         return batch, rewards, terminations, truncations, infos
@@ -262,3 +234,20 @@ class Batcher:
     def gather(self, indices: Sequence[int], results: Mapping[int, Any]) -> tuple[Any, ...]:
         """Per-env results of a broadcast call, as a tuple ordered by env index."""
         return tuple(results[i] for i in indices)
+
+
+def _info_entries(
+    rows: Iterable[tuple[int, dict[str, Any] | None, dict[str, Any] | None]],
+) -> list[tuple[int, dict[str, Any]]]:
+    """``(row, info)`` in gymnasium's merge order: each row's final info, then its info.
+
+    Args:
+        rows: ``(row, info, final_info)`` per row, rows in ascending order.
+    """
+    entries: list[tuple[int, dict[str, Any]]] = []
+    for row, info, final in rows:
+        if final is not None:
+            entries.append((row, final))
+        if info:
+            entries.append((row, info))
+    return entries

@@ -27,10 +27,9 @@ from __future__ import annotations
 import asyncio
 import asyncio.tasks as _asyncio_tasks
 import contextvars
-from collections.abc import Callable, Coroutine
+import types
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
-
-from aiovec._resume import Resume
 
 _Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
 # The same hooks asyncio's own eager tasks use; absent on other interpreters.
@@ -143,6 +142,16 @@ class Lanes:
         return task
 
     async def _lane(self, i: int) -> None:
+        await self._serve(i)
+
+    @types.coroutine
+    def _serve(self, i: int) -> Generator[Any, Any, None]:
+        """The lane's body: a generator, so that carrying on a call allocates nothing.
+
+        It re-yields what the coroutine handed over waits on, then delegates to
+        the coroutine with ``yield from`` (in C), as ``Resume`` would but
+        without a new object per call.
+        """
         loop = self._loop
         assert loop is not None
         on_done = self._on_done
@@ -150,7 +159,7 @@ class Lanes:
             wake = self._wakes[i]
             assert wake is not None
             try:
-                coro, first = await wake
+                coro, first = yield from wake
             except asyncio.CancelledError as exc:
                 if not wake.done() or wake.cancelled():
                     raise  # an idle lane was cancelled: it just ends
@@ -164,7 +173,20 @@ class Lanes:
                 _deliver_cancellation(first)
             self._wakes[i] = loop.create_future()
             try:
-                value = await (coro if first is _FRESH else Resume(coro, first))
+                value: Any = _FRESH  # not known yet
+                while first is not _FRESH:  # wait on what the coroutine waits on
+                    try:
+                        yield first
+                    except BaseException as thrown:  # e.g. a cancellation: the coroutine's
+                        try:
+                            first = coro.throw(thrown)
+                        except StopIteration as stop:
+                            value = stop.value
+                            break
+                    else:
+                        break
+                if value is _FRESH:
+                    value = yield from coro
             except BaseException as exc:
                 on_done(i, None, exc)
                 if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
