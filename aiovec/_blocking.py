@@ -139,6 +139,22 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         """Per-env latency of calls that waited; see :meth:`AsyncioVectorEnv.latency_stats`."""
         return self.vector_env.latency_stats()
 
+    def close(self, **kwargs: Any) -> None:
+        """Close every env and the runner's loop; calling it again does nothing.
+
+        The vector env ends closed even when some env's ``close`` raises.
+
+        Raises:
+            aiovec.EnvError: Some env's ``close`` raised (everything else was
+                still released).
+        """
+        if self.closed:
+            return
+        try:
+            self.close_extras(**kwargs)
+        finally:
+            self.closed = True
+
     def close_extras(self, **kwargs: Any) -> None:
         """Close the envs, then the runner's loop; called once by ``close()``."""
         try:

@@ -266,11 +266,6 @@ async def test_an_env_whose_close_raises_is_named_and_everything_is_released(bac
     assert pending_tasks(asyncio.get_running_loop()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: BlockingVectorEnv.close() that raises EnvError leaves .closed False; a "
-    "second close() raises ClosedError and garbage collection warns 'never closed'",
-)
 @pytest.mark.parametrize("backend", ["inline", "thread", "process"])
 def test_blocking_close_that_raises_still_closes(backend):
     envs = aiovec.BlockingVectorEnv([plain, failing_close("sync")], backend=backend)
