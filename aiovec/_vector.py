@@ -319,11 +319,14 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         wanted = validate.check_min_envs(min_envs, len(self._in_flight))
         wait = validate.check_timeout("timeout", timeout)
         self._life.state = State.BUSY
+        refusal = ""
         try:
             results, errors = await self._collect_sent(wanted, wait)
             if errors and self._restartable(errors, step=True):
-                results.update(await self._restart(errors, "step"))
-                errors = {}
+                refusal = self._charge_restarts(errors)
+                if not refusal:
+                    results.update(await self._restart(errors, "step"))
+                    errors = {}
         except GeneratorExit:
             self._abandon_sent("recv() was abandoned unfinished")
             raise
@@ -342,7 +345,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             raise ClosedError("the vector env was closed while recv() was waiting")
         if errors:
             await self._drain_sent()
-            self._raise_for(errors, "step", State.READY, breaks=True)
+            self._raise_for(errors, "step", State.READY, breaks=True, note=refusal)
         ids = sorted(results)
         batch = self._batcher.subset_batch(ids, results)
         self._autoreset.stepped(ids, batch[2], batch[3])
@@ -500,11 +503,14 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         assert backend is not None
         before = self._life.state
         self._life.state = State.BUSY
+        refusal = ""
         try:
             results, errors = await self._gather(indices, op)
             if errors and self._restartable(errors, step=isinstance(op, StepOp)):
-                results.update(await self._restart(errors, op.name))
-                errors = {}
+                refusal = self._charge_restarts(errors)
+                if not refusal:
+                    results.update(await self._restart(errors, op.name))
+                    errors = {}
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
             backend.cancel()
             self._life.break_(f"{op.name}() was abandoned unfinished")
@@ -521,7 +527,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         if self._life.state is State.CLOSED:
             raise ClosedError(f"the vector env was closed while {op.name}() was in flight")
         if errors:
-            self._raise_for(errors, op.name, before, breaks)
+            self._raise_for(errors, op.name, before, breaks, note=refusal)
         self._life.state = before
         return results
 
@@ -557,14 +563,6 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         backend, policy = self._backend, self.restart_policy
         assert backend is not None
         assert policy is not None
-        now = asyncio.get_running_loop().time()
-        refused = [i for i in sorted(failed) if not self._restarts.allow(i, now)]
-        if refused:
-            raise EnvError(
-                {i: failed[i] for i in refused},
-                f"{name}() (restart limit reached: more than {policy.max_restarts} restarts "
-                f"within {policy.window:g} s)",
-            )
         messages = {i: describe_failure(error, f"{name}()") for i, error in failed.items()}
         rows: dict[int, Any] = {}
         todo: dict[int, BaseException] = dict(failed)
@@ -581,6 +579,24 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 return rows
         raise EnvError(todo, f"{name}() (restart failed after {policy.attempts} attempts)")
 
+    def _charge_restarts(self, failed: dict[int, BaseException]) -> str:
+        """Charge a restart to every failed env, or to none if one is over its limit.
+
+        Returns:
+            ``""`` when every env may be restarted (each is charged one restart),
+            else why the step raises instead (nothing is charged).
+        """
+        policy = self.restart_policy
+        assert policy is not None
+        now = asyncio.get_running_loop().time()
+        if all(self._restarts.may_restart(i, now) for i in failed):
+            self._restarts.record(failed, now)
+            return ""
+        return (
+            f"restart limit reached: more than {policy.max_restarts} restarts "
+            f"within {policy.window:g} s"
+        )
+
     def _restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
         """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
         return (
@@ -590,8 +606,14 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         )
 
     def _raise_for(
-        self, errors: dict[int, BaseException], name: str, before: State, breaks: bool
+        self,
+        errors: dict[int, BaseException],
+        name: str,
+        before: State,
+        breaks: bool,
+        note: str = "",
     ) -> NoReturn:
+        """Raise the error for ``errors``: its class follows the causes; ``note`` says more."""
         for error in errors.values():
             if not isinstance(error, Exception):  # Ctrl-C or exit from an env: as it is
                 self._life.break_(f"{name}() was interrupted ({type(error).__name__})")
@@ -605,7 +627,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             kind = WorkerDiedError
         elif any(isinstance(e, TimeoutError) for e in errors.values()):
             kind = EnvTimeoutError
-        raise kind(errors, f"{name}()")
+        raise kind(errors, f"{name}() ({note})" if note else f"{name}()")
 
     def _close_now(self) -> None:
         """Close during a failed construction (no loop needed)."""
