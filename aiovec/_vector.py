@@ -535,13 +535,19 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Launch ``op`` and collect every env's outcome; late envs fail with TimeoutError.
 
         Every env's call runs to its end, failed or not: the errors reported
-        never depend on which env happened to finish first.
+        never depend on which env happened to finish first.  A ``reset`` first
+        rebuilds the envs that the backend lost (their worker died).
         """
         backend = self._backend
         assert backend is not None
+        unbuilt: dict[int, BaseException] = {}
+        if op.name == "reset" and not backend.lost.isdisjoint(indices):
+            unbuilt = await backend.rebuild(sorted(backend.lost.intersection(indices)))
         backend.launch(indices, op)
         if not backend.pending:
-            return backend.take()
+            results, errors = backend.take()
+            errors.update(unbuilt)  # why they are still lost
+            return results, errors
         if self._unwound is None:
             self._unwound = asyncio.get_running_loop().create_future()
         timeout = self.reset_timeout if op.name == "reset" else self.step_timeout
@@ -556,6 +562,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                     if i in late and isinstance(error, asyncio.CancelledError)
                     else error
                 )
+        errors.update(unbuilt)
         return results, errors
 
     async def _restart(self, failed: dict[int, BaseException], name: str) -> dict[int, Any]:
@@ -622,12 +629,17 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life.break_(f"{name}() failed in env {min(errors)}")
         else:
             self._life.state = before
-        kind = EnvError
-        if any(isinstance(e, WorkerDiedError) for e in errors.values()):
-            kind = WorkerDiedError
-        elif any(isinstance(e, TimeoutError) for e in errors.values()):
+        kind: type[EnvError] = EnvError
+        causes: dict[int, BaseException] = {}
+        for i, error in errors.items():
+            causes[i] = error
+            if isinstance(error, EnvError):  # a backend's report on env i: its cause is the news
+                if isinstance(error, WorkerDiedError):
+                    kind = WorkerDiedError
+                causes[i] = error.errors.get(i, error)
+        if kind is EnvError and any(isinstance(e, TimeoutError) for e in causes.values()):
             kind = EnvTimeoutError
-        raise kind(errors, f"{name}() ({note})" if note else f"{name}()")
+        raise kind(causes, f"{name}() ({note})" if note else f"{name}()")
 
     def _close_now(self) -> None:
         """Close during a failed construction (no loop needed)."""
