@@ -42,6 +42,7 @@ from aiovec._core.lifecycle import Lifecycle, Op, State
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.ops import Op as BackendOp
 from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
+from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
 from aiovec.backends import Backend, load_backend
 from aiovec.backends._base import Outcomes
@@ -151,6 +152,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._batcher = Batcher(
             traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, copy
         )
+        self._check_results = validate.step_result_checker(traits.observation_spaces[0])
         self._autoreset = AutoresetState(mode, self.num_envs)
         self._in_flight: set[int] = set()  # envs started by send(), not yet recv()ed
         self._sent_at = [0.0] * self.num_envs
@@ -322,6 +324,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         refusal = ""
         try:
             results, errors = await self._collect_sent(wanted, wait)
+            self._check_steps(results, errors)
             if errors and self._restartable(errors, step=True):
                 refusal = self._charge_restarts(errors)
                 if not refusal:
@@ -506,6 +509,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         refusal = ""
         try:
             results, errors = await self._gather(indices, op)
+            if isinstance(op, StepOp):
+                self._check_steps(results, errors)
             if errors and self._restartable(errors, step=isinstance(op, StepOp)):
                 refusal = self._charge_restarts(errors)
                 if not refusal:
@@ -564,6 +569,19 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 )
         errors.update(unbuilt)
         return results, errors
+
+    def _check_steps(self, results: MutableMapping[int, Any], errors: dict[int, Any]) -> None:
+        """Fail the envs whose step result is malformed (it would spoil the whole batch).
+
+        Results in shared-memory blocks were written there exactly by their
+        worker; only those that came one by one are checked.
+        """
+        singles = results.singles if type(results) is Rows else results
+        if not singles:
+            return
+        for i, error in self._check_results(singles).items():
+            del results[i]
+            errors[i] = error
 
     async def _restart(self, failed: dict[int, BaseException], name: str) -> dict[int, Any]:
         """Rebuild and reset the failed envs; their rows, or EnvError if the policy gives up."""
