@@ -23,11 +23,12 @@ import gymnasium
 import numpy as np
 import pytest
 from conftest import Lockstep, require_async_envs
+from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
 
 import aiovec
 from aiovec._core.lifecycle import State
-from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv
+from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv, SpaceEnv
 from faults.conftest import skip_unless_available
 from faults.leaks import LeakCheck, checking, pending_tasks
 from faults.scenarios import LONG, NUM_ENVS, actions_for, space_env
@@ -240,6 +241,58 @@ async def test_close_releases_everything_even_while_the_object_lives(backend):
     await venv.close()
     assert check.finish() == []
     assert venv.closed  # still referenced here, on purpose
+
+
+class ThreadNoting(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Notes the thread it was built on and the threads its ``close`` ran on."""
+
+    def __init__(self, env: Any, closed_on: dict[int, list[int]], index: int) -> None:
+        super().__init__(env)
+        self.built_on, self.index = threading.get_ident(), index
+        self.closed_on = closed_on.setdefault(index, [])
+
+    def close(self) -> None:
+        self.closed_on.append(threading.get_ident())
+        super().close()
+
+
+def _noting(closed_on: dict[int, list[int]], index: int, obs_space: Any = None) -> Any:
+    return ThreadNoting(SpaceEnv(obs_space, min_len=50, max_len=50), closed_on, index)
+
+
+def worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("aiovec-env-worker")]
+
+
+@pytest.mark.parametrize(
+    ("last", "error", "match"),
+    [
+        ("other-spaces", ValueError, "all envs must share one observation_space"),
+        ("factory-raises", aiovec.EnvError, r"env_fns\[3\]\(\)"),
+    ],
+    ids=["other-spaces", "factory-raises"],
+)
+def test_a_failed_thread_construction_closes_each_env_on_its_thread(last, error, match):
+    """Every env built is closed on the thread it was built on; every thread is stopped."""
+    before = set(worker_threads())
+    closed_on: dict[int, list[int]] = {}
+    built: list[Any] = []
+
+    def factory(i: int) -> Any:
+        if i == 3 and last == "factory-raises":
+            raise ConnectionRefusedError("no server")
+        other = spaces.Box(-1.0, 1.0, (4,), np.float32) if i == 3 else None
+        built.append(_noting(closed_on, i, other))
+        return built[-1]
+
+    fns = [functools.partial(factory, i) for i in range(NUM_ENVS)]
+    with pytest.raises(error, match=match):
+        aiovec.AsyncioVectorEnv(fns, backend="thread")
+    assert set(worker_threads()) <= before, "threads still run after the error"
+    assert len(built) == (NUM_ENVS if last == "other-spaces" else NUM_ENVS - 1)
+    for env in built:
+        assert env.closed_on == [env.built_on], f"env {env.index} closed on the wrong thread"
+        assert env.built_on != threading.get_ident()
 
 
 def failing_close(flavour: str) -> Any:
