@@ -183,13 +183,11 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         return f"BlockingVectorEnv({venv!r})"
 
     def __del__(self) -> None:
-        if getattr(self, "vector_env", None) is not None and not self.closed:
-            warnings.warn(
-                f"{self!r} was never closed; call `envs.close()`",
-                ResourceWarning,
-                stacklevel=1,
-                source=self,
-            )
-            # Release the loop and the envs anyway: a forgotten close must not leak.
-            with contextlib.suppress(Exception):  # best effort at garbage collection
-                self.close()
+        if getattr(self, "vector_env", None) is None or self.closed:
+            return
+        message = f"{self!r} was never closed; call `envs.close()`"
+        # Release the loop and the envs first (the warning may be raised as an
+        # error): a forgotten close must not leak.
+        with contextlib.suppress(Exception):  # best effort at garbage collection
+            self.close()
+        warnings.warn(message, ResourceWarning, stacklevel=1, source=self)

@@ -22,6 +22,7 @@ written anywhere else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import warnings
 from collections.abc import Callable, MutableMapping, Sequence
 from types import TracebackType
@@ -479,13 +480,14 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         )
 
     def __del__(self) -> None:
-        if getattr(self, "_backend", None) is not None and self._life.state is not State.CLOSED:
-            warnings.warn(
-                f"{self!r} was never closed; call `await venv.close()` or use `async with`",
-                ResourceWarning,
-                stacklevel=1,
-                source=self,
-            )
+        if getattr(self, "_backend", None) is None or self._life.state is State.CLOSED:
+            return
+        message = f"{self!r} was never closed; call `await venv.close()` or use `async with`"
+        # Release everything first (the warning may be raised as an error): lanes
+        # cancelled, threads stopped, workers reaped; envs closed on a best-effort basis.
+        with contextlib.suppress(Exception):
+            self._close_now()
+        warnings.warn(message, ResourceWarning, stacklevel=1, source=self)
 
     # -- machinery -------------------------------------------------------------------
 
@@ -660,7 +662,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         raise kind(causes, f"{name}() ({note})" if note else f"{name}()")
 
     def _close_now(self) -> None:
-        """Close during a failed construction (no loop needed)."""
+        """Release everything without a loop (a failed construction, garbage collection)."""
         backend = self._backend
         self._life.state = State.CLOSED
         if backend is not None:
