@@ -139,6 +139,22 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         """Per-env latency of calls that waited; see :meth:`AsyncioVectorEnv.latency_stats`."""
         return self.vector_env.latency_stats()
 
+    def close(self, **kwargs: Any) -> None:
+        """Close every env and the runner's loop; calling it again does nothing.
+
+        The vector env ends closed even when some env's ``close`` raises.
+
+        Raises:
+            aiovec.EnvError: Some env's ``close`` raised (everything else was
+                still released).
+        """
+        if self.closed:
+            return
+        try:
+            self.close_extras(**kwargs)
+        finally:
+            self.closed = True
+
     def close_extras(self, **kwargs: Any) -> None:
         """Close the envs, then the runner's loop; called once by ``close()``."""
         try:
@@ -167,13 +183,11 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         return f"BlockingVectorEnv({venv!r})"
 
     def __del__(self) -> None:
-        if getattr(self, "vector_env", None) is not None and not self.closed:
-            warnings.warn(
-                f"{self!r} was never closed; call `envs.close()`",
-                ResourceWarning,
-                stacklevel=1,
-                source=self,
-            )
-            # Release the loop and the envs anyway: a forgotten close must not leak.
-            with contextlib.suppress(Exception):  # best effort at garbage collection
-                self.close()
+        if getattr(self, "vector_env", None) is None or self.closed:
+            return
+        message = f"{self!r} was never closed; call `envs.close()`"
+        # Release the loop and the envs first (the warning may be raised as an
+        # error): a forgotten close must not leak.
+        with contextlib.suppress(Exception):  # best effort at garbage collection
+            self.close()
+        warnings.warn(message, ResourceWarning, stacklevel=1, source=self)

@@ -22,6 +22,7 @@ written anywhere else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import warnings
 from collections.abc import Callable, MutableMapping, Sequence
 from types import TracebackType
@@ -42,6 +43,7 @@ from aiovec._core.lifecycle import Lifecycle, Op, State
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.ops import Op as BackendOp
 from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
+from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
 from aiovec.backends import Backend, load_backend
 from aiovec.backends._base import Outcomes
@@ -151,6 +153,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._batcher = Batcher(
             traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, copy
         )
+        self._check_results = validate.step_result_checker(traits.observation_spaces[0])
         self._autoreset = AutoresetState(mode, self.num_envs)
         self._in_flight: set[int] = set()  # envs started by send(), not yet recv()ed
         self._sent_at = [0.0] * self.num_envs
@@ -319,11 +322,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         wanted = validate.check_min_envs(min_envs, len(self._in_flight))
         wait = validate.check_timeout("timeout", timeout)
         self._life.state = State.BUSY
+        refusal = ""
         try:
             results, errors = await self._collect_sent(wanted, wait)
+            self._check_steps(results, errors)
             if errors and self._restartable(errors, step=True):
-                results.update(await self._restart(errors, "step"))
-                errors = {}
+                refusal = self._charge_restarts(errors)
+                if not refusal:
+                    results.update(await self._restart(errors, "step"))
+                    errors = {}
         except GeneratorExit:
             self._abandon_sent("recv() was abandoned unfinished")
             raise
@@ -342,7 +349,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             raise ClosedError("the vector env was closed while recv() was waiting")
         if errors:
             await self._drain_sent()
-            self._raise_for(errors, "step", State.READY, breaks=True)
+            self._raise_for(errors, "step", State.READY, breaks=True, note=refusal)
         ids = sorted(results)
         batch = self._batcher.subset_batch(ids, results)
         self._autoreset.stepped(ids, batch[2], batch[3])
@@ -473,13 +480,14 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         )
 
     def __del__(self) -> None:
-        if getattr(self, "_backend", None) is not None and self._life.state is not State.CLOSED:
-            warnings.warn(
-                f"{self!r} was never closed; call `await venv.close()` or use `async with`",
-                ResourceWarning,
-                stacklevel=1,
-                source=self,
-            )
+        if getattr(self, "_backend", None) is None or self._life.state is State.CLOSED:
+            return
+        message = f"{self!r} was never closed; call `await venv.close()` or use `async with`"
+        # Release everything first (the warning may be raised as an error): lanes
+        # cancelled, threads stopped, workers reaped; envs closed on a best-effort basis.
+        with contextlib.suppress(Exception):
+            self._close_now()
+        warnings.warn(message, ResourceWarning, stacklevel=1, source=self)
 
     # -- machinery -------------------------------------------------------------------
 
@@ -500,11 +508,16 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         assert backend is not None
         before = self._life.state
         self._life.state = State.BUSY
+        refusal = ""
         try:
             results, errors = await self._gather(indices, op)
+            if isinstance(op, StepOp):
+                self._check_steps(results, errors)
             if errors and self._restartable(errors, step=isinstance(op, StepOp)):
-                results.update(await self._restart(errors, op.name))
-                errors = {}
+                refusal = self._charge_restarts(errors)
+                if not refusal:
+                    results.update(await self._restart(errors, op.name))
+                    errors = {}
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
             backend.cancel()
             self._life.break_(f"{op.name}() was abandoned unfinished")
@@ -521,7 +534,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         if self._life.state is State.CLOSED:
             raise ClosedError(f"the vector env was closed while {op.name}() was in flight")
         if errors:
-            self._raise_for(errors, op.name, before, breaks)
+            self._raise_for(errors, op.name, before, breaks, note=refusal)
         self._life.state = before
         return results
 
@@ -529,13 +542,19 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Launch ``op`` and collect every env's outcome; late envs fail with TimeoutError.
 
         Every env's call runs to its end, failed or not: the errors reported
-        never depend on which env happened to finish first.
+        never depend on which env happened to finish first.  A ``reset`` first
+        rebuilds the envs that the backend lost (their worker died).
         """
         backend = self._backend
         assert backend is not None
+        unbuilt: dict[int, BaseException] = {}
+        if op.name == "reset" and not backend.lost.isdisjoint(indices):
+            unbuilt = await backend.rebuild(sorted(backend.lost.intersection(indices)))
         backend.launch(indices, op)
         if not backend.pending:
-            return backend.take()
+            results, errors = backend.take()
+            errors.update(unbuilt)  # why they are still lost
+            return results, errors
         if self._unwound is None:
             self._unwound = asyncio.get_running_loop().create_future()
         timeout = self.reset_timeout if op.name == "reset" else self.step_timeout
@@ -550,21 +569,27 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                     if i in late and isinstance(error, asyncio.CancelledError)
                     else error
                 )
+        errors.update(unbuilt)
         return results, errors
+
+    def _check_steps(self, results: MutableMapping[int, Any], errors: dict[int, Any]) -> None:
+        """Fail the envs whose step result is malformed (it would spoil the whole batch).
+
+        Results in shared-memory blocks were written there exactly by their
+        worker; only those that came one by one are checked.
+        """
+        singles = results.singles if type(results) is Rows else results
+        if not singles:
+            return
+        for i, error in self._check_results(singles).items():
+            del results[i]
+            errors[i] = error
 
     async def _restart(self, failed: dict[int, BaseException], name: str) -> dict[int, Any]:
         """Rebuild and reset the failed envs; their rows, or EnvError if the policy gives up."""
         backend, policy = self._backend, self.restart_policy
         assert backend is not None
         assert policy is not None
-        now = asyncio.get_running_loop().time()
-        refused = [i for i in sorted(failed) if not self._restarts.allow(i, now)]
-        if refused:
-            raise EnvError(
-                {i: failed[i] for i in refused},
-                f"{name}() (restart limit reached: more than {policy.max_restarts} restarts "
-                f"within {policy.window:g} s)",
-            )
         messages = {i: describe_failure(error, f"{name}()") for i, error in failed.items()}
         rows: dict[int, Any] = {}
         todo: dict[int, BaseException] = dict(failed)
@@ -581,6 +606,24 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 return rows
         raise EnvError(todo, f"{name}() (restart failed after {policy.attempts} attempts)")
 
+    def _charge_restarts(self, failed: dict[int, BaseException]) -> str:
+        """Charge a restart to every failed env, or to none if one is over its limit.
+
+        Returns:
+            ``""`` when every env may be restarted (each is charged one restart),
+            else why the step raises instead (nothing is charged).
+        """
+        policy = self.restart_policy
+        assert policy is not None
+        now = asyncio.get_running_loop().time()
+        if all(self._restarts.may_restart(i, now) for i in failed):
+            self._restarts.record(failed, now)
+            return ""
+        return (
+            f"restart limit reached: more than {policy.max_restarts} restarts "
+            f"within {policy.window:g} s"
+        )
+
     def _restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
         """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
         return (
@@ -590,8 +633,14 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         )
 
     def _raise_for(
-        self, errors: dict[int, BaseException], name: str, before: State, breaks: bool
+        self,
+        errors: dict[int, BaseException],
+        name: str,
+        before: State,
+        breaks: bool,
+        note: str = "",
     ) -> NoReturn:
+        """Raise the error for ``errors``: its class follows the causes; ``note`` says more."""
         for error in errors.values():
             if not isinstance(error, Exception):  # Ctrl-C or exit from an env: as it is
                 self._life.break_(f"{name}() was interrupted ({type(error).__name__})")
@@ -600,15 +649,20 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life.break_(f"{name}() failed in env {min(errors)}")
         else:
             self._life.state = before
-        kind = EnvError
-        if any(isinstance(e, WorkerDiedError) for e in errors.values()):
-            kind = WorkerDiedError
-        elif any(isinstance(e, TimeoutError) for e in errors.values()):
+        kind: type[EnvError] = EnvError
+        causes: dict[int, BaseException] = {}
+        for i, error in errors.items():
+            causes[i] = error
+            if isinstance(error, EnvError):  # a backend's report on env i: its cause is the news
+                if isinstance(error, WorkerDiedError):
+                    kind = WorkerDiedError
+                causes[i] = error.errors.get(i, error)
+        if kind is EnvError and any(isinstance(e, TimeoutError) for e in causes.values()):
             kind = EnvTimeoutError
-        raise kind(errors, f"{name}()")
+        raise kind(causes, f"{name}() ({note})" if note else f"{name}()")
 
     def _close_now(self) -> None:
-        """Close during a failed construction (no loop needed)."""
+        """Release everything without a loop (a failed construction, garbage collection)."""
         backend = self._backend
         self._life.state = State.CLOSED
         if backend is not None:

@@ -294,8 +294,10 @@ def test_an_observation_of_the_wrong_shape_fails_like_inline() -> None:
         with aiovec.BlockingVectorEnv([Odd] * 2, backend=backend, num_workers=2) as venv:
             venv.reset(seed=0)
             venv.set_attr("kind", ["exact", "shape"])
-            with pytest.raises(ValueError, match="shape") as info:
+            with pytest.raises(aiovec.EnvError, match="shape") as info:
                 venv.step(np.array([0, 1]))
+            assert set(info.value.errors) == {1}
+            assert isinstance(info.value.errors[1], ValueError)
             errors.append(str(info.value))
     assert errors[0] == errors[1]
 

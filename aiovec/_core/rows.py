@@ -76,6 +76,11 @@ class Rows(MutableMapping[int, Transition]):
         self._owner.update(dict.fromkeys(block.envs, block))
         self._blocks.append(block)
 
+    @property
+    def singles(self) -> Mapping[int, Transition]:
+        """The transitions that came one by one (not in a block)."""
+        return self._single
+
     def blocks_covering(self, num_envs: int) -> list[StepBlock] | None:
         """The blocks, if they alone hold exactly envs ``0..num_envs-1`` (else ``None``)."""
         if self._single or len(self._owner) != num_envs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = (
     "check_timeout",
     "check_values",
     "describe",
+    "step_result_checker",
 )
 
 BACKENDS = ("inline", "thread", "process", "ray")
@@ -360,3 +362,144 @@ def check_spaces(
                 raise ValueError(
                     f"all envs must share one {kind}: env {i} has {space} but env 0 has {first}"
                 )
+
+
+# --------------------------------------------------------------------------- env results
+
+_REWARDS = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
+_FLAGS = frozenset({bool, np.bool_})
+_DICTS = frozenset({dict})
+_NDARRAYS = frozenset({np.ndarray})
+_INTS = frozenset({int, np.int64})
+_ARRAYS = (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+
+AllFit = Callable[[Sequence[Any]], bool]
+
+
+def step_result_checker(
+    observation_space: spaces.Space[Any],
+) -> Callable[[Mapping[int, Any]], dict[int, Exception]]:
+    """A function finding the malformed step results among transitions by env.
+
+    A transition is malformed when its observation does not batch into
+    ``observation_space`` (wrong shape, a dtype that ``same_kind`` casting
+    refuses), its reward is not a real number, a flag is not a bool, or its
+    info is not a dict.  The common case (exact types, the space's own shape
+    and dtype in every env) is recognised for the whole batch at once, at C
+    speed (``frozenset.issuperset`` over ``map``); only a batch that misses it
+    is looked at env by env, and a result that merely differs (a list
+    observation, a float64 one for a float32 space) passes, as the batcher
+    accepts it.
+
+    Returns:
+        The checker: it returns ``{env: ValueError or TypeError}`` for the
+        malformed transitions (empty when every one is fine).
+    """
+    all_fit = _all_fit(observation_space)
+
+    def check(transitions: Mapping[int, Any]) -> dict[int, Exception]:
+        if not transitions:
+            return {}
+        obs, rewards, terminations, truncations, infos, _ = zip(*transitions.values(), strict=True)
+        if (
+            _REWARDS.issuperset(map(type, rewards))
+            and _FLAGS.issuperset(map(type, terminations))
+            and _FLAGS.issuperset(map(type, truncations))
+            and _DICTS.issuperset(map(type, infos))
+            and all_fit(obs)
+        ):
+            return {}
+        bad: dict[int, Exception] = {}
+        for i, transition in transitions.items():
+            try:
+                _check_step_result(observation_space, transition)
+            except (TypeError, ValueError) as exc:
+                bad[i] = exc
+        return bad
+
+    return check
+
+
+def _all_fit(space: spaces.Space[Any]) -> AllFit:
+    """A quick test that observations are exactly what ``space`` batches (never a false yes)."""
+    if isinstance(space, _ARRAYS):
+        shapes, dtypes = frozenset({space.shape}), frozenset({id(space.dtype)})
+        return lambda obs: (
+            _NDARRAYS.issuperset(map(type, obs))
+            and shapes.issuperset(map(_shape, obs))
+            and dtypes.issuperset(map(id, map(_dtype, obs)))  # builtin dtypes are singletons
+        )
+    if isinstance(space, spaces.Discrete):
+        return lambda obs: _INTS.issuperset(map(type, obs))
+    if isinstance(space, spaces.Dict):
+        parts = {key: _all_fit(sub) for key, sub in space.spaces.items()}
+        keys = frozenset(parts)
+        return lambda obs: (
+            _DICTS.issuperset(map(type, obs))
+            and all(o.keys() == keys for o in obs)
+            and all(fit([o[key] for o in obs]) for key, fit in parts.items())
+        )
+    if isinstance(space, spaces.Tuple):
+        subs = [_all_fit(sub) for sub in space.spaces]
+        size = len(subs)
+        return lambda obs: (
+            all(type(o) is tuple and len(o) == size for o in obs)
+            and all(fit([o[k] for o in obs]) for k, fit in enumerate(subs))
+        )
+    return lambda obs: True  # other spaces: batched by gymnasium's own rules only
+
+
+def _check_step_result(space: spaces.Space[Any], transition: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` saying what is wrong with one env's step result."""
+    obs, reward, terminated, truncated, info, _ = transition
+    if not isinstance(reward, numbers.Real) and not (
+        isinstance(reward, np.ndarray) and reward.ndim == 0 and reward.dtype.kind in "biuf"
+    ):
+        raise TypeError(f"the step result's reward must be a real number, got {describe(reward)}")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, bool | np.bool_):
+            raise TypeError(f"the step result's {name} must be a bool, got {describe(flag)}")
+    if not isinstance(info, dict):
+        raise TypeError(f"the step result's info must be a dict, got {describe(info)}")
+    _check_observation(space, obs, "observation")
+
+
+def _check_observation(space: spaces.Space[Any], obs: Any, path: str) -> None:
+    """An observation (part ``path``) batches into ``space``, or a clear error."""
+    if isinstance(space, spaces.Dict):
+        if not isinstance(obs, Mapping) or set(obs) != set(space.spaces):
+            raise TypeError(
+                f"the step result's {path} must be a dict with keys {sorted(space.spaces)}, "
+                f"got {describe(obs)}"
+            )
+        for key, sub in space.spaces.items():
+            _check_observation(sub, obs[key], f"{path}[{key!r}]")
+        return
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(obs, tuple | list) or len(obs) != len(space.spaces):
+            raise TypeError(
+                f"the step result's {path} must be a tuple of {len(space.spaces)}, "
+                f"got {describe(obs)}"
+            )
+        for k, (sub, part) in enumerate(zip(space.spaces, obs, strict=True)):
+            _check_observation(sub, part, f"{path}[{k}]")
+        return
+    if not isinstance(space, (*_ARRAYS, spaces.Discrete)):
+        return  # batched by gymnasium's own rules, which say what is wrong
+    try:
+        array = np.asarray(obs)
+    except ValueError as exc:  # ragged nesting
+        raise ValueError(f"the step result's {path} is not an array: {exc}") from None
+    shape = space.shape or ()
+    if array.shape != shape:
+        raise ValueError(
+            f"the step result's {path} must have shape {shape} ({space}), got shape {array.shape}"
+        )
+    assert space.dtype is not None
+    if not np.can_cast(array.dtype, space.dtype, "same_kind"):
+        raise TypeError(
+            f"the step result's {path} must have a dtype that casts to {space.dtype} ({space}), "
+            f"got dtype {array.dtype}"
+        )

@@ -89,6 +89,11 @@ class Backend(abc.ABC):
         """The env objects, where they live in this process (else ``None``)."""
         return None
 
+    @property
+    def lost(self) -> frozenset[int]:
+        """Envs that are gone (their worker died) until :meth:`rebuild` replaces them."""
+        return frozenset()
+
     @abc.abstractmethod
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Start ``op`` on the envs ``indices`` (none of which may be in flight)."""

@@ -26,6 +26,11 @@ __all__ = ("InlineBackend",)
 
 _CLOSE_TIMEOUT = 5.0  # seconds an old env gets to close before it is rebuilt
 
+# Backends not closed yet.  Their lane tasks are reachable from here, never only
+# through a vector env that was forgotten: collected together with it, a pending
+# task would be "destroyed but pending".  The vector env's finalizer cancels them.
+_OPEN: set[InlineBackend] = set()
+
 
 async def _close_within(env: Any, seconds: float) -> None:
     """Close ``env`` best effort: its errors are ignored, a hang is cut short."""
@@ -57,7 +62,9 @@ class InlineBackend(Backend):
         self._any_async = any(self._is_async)
         self._flows: list[StepFlow | None] = [None] * self.num_envs
         self._lanes = Lanes(self.num_envs, self._finish)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
         self.traits = EnvTraits.of(self._envs)
+        _OPEN.add(self)
 
     @property
     def envs(self) -> tuple[Any, ...]:
@@ -98,7 +105,7 @@ class InlineBackend(Backend):
                         results[i] = sync_fn(*args)
                         continue
                     if loop is None:
-                        loop = asyncio.get_running_loop()
+                        loop = self._loop = asyncio.get_running_loop()
                         caller = lanes.enter(loop)
                     coro = async_fn(*args)
                     if self.limiter is not None:
@@ -163,6 +170,22 @@ class InlineBackend(Backend):
 
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env (concurrently), then end every lane."""
+        _OPEN.discard(self)
         errors = await self._close_envs(range(self.num_envs))
         await self._lanes.aclose()
         return errors
+
+    def close_now(self) -> None:
+        """Without awaiting: cancel every lane (on its loop's thread), close the envs."""
+        _OPEN.discard(self)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            if loop.is_running() and asyncio._get_running_loop() is not loop:
+                loop.call_soon_threadsafe(self._cancel_lanes)  # collected on another thread
+            else:
+                self._cancel_lanes()  # each lane ends when its loop runs next
+        close_quietly(self._envs)
+
+    def _cancel_lanes(self) -> None:
+        for i in range(self.num_envs):
+            self._lanes.cancel(i)

@@ -28,7 +28,8 @@ once and forgets their sequence number: the late reply is dropped when it
 comes.  A worker that dies fails its envs in flight with ``WorkerDiedError``
 and leaves all its envs *lost*: any later call on them fails the same way at
 once, until ``rebuild`` starts a new worker for the group (envs of the group
-not rebuilt stay lost).  ``rebuild`` of an env whose worker is still busy with
+not rebuilt stay lost; the vector env's ``reset()`` rebuilds the lost envs it
+resets, a restart those that failed).  ``rebuild`` of an env whose worker is still busy with
 an abandoned call kills and replaces that worker (it might never answer).
 
 The start method is :data:`START_METHOD`; with ``"forkserver"`` the server
@@ -229,6 +230,11 @@ class ProcessBackend(Backend):
     def pids(self) -> tuple[int | None, ...]:
         """The process id of each worker (for diagnostics and tests)."""
         return tuple(worker.process.pid for worker in self._workers)
+
+    @property
+    def lost(self) -> frozenset[int]:
+        """Envs whose worker died, until :meth:`rebuild` starts a new one for them."""
+        return frozenset(self._lost)
 
     @property
     def shares_memory(self) -> bool:
@@ -516,7 +522,7 @@ class ProcessBackend(Backend):
             return
         died = ChildProcessError(
             f"the worker process hosting env(s) {lost} died; their envs are gone "
-            "(on_error='restart' rebuilds them on a new worker)"
+            "(reset() or on_error='restart' rebuilds them on a new worker)"
         )
         error = WorkerDiedError(dict.fromkeys(lost, died), "an earlier call")
         for i in lost:
@@ -599,7 +605,9 @@ class ProcessBackend(Backend):
         waits: list[tuple[list[int], _Worker, bool, asyncio.Future[Any]]] = []
         for w, envs in by_worker.items():
             worker = self._workers[w]
-            if worker.alive and not any(i in self._stuck for i in worker.group):
+            # A worker whose envs are lost is dead, or exiting (a respawn that failed to
+            # build its envs, not seen dead yet): only a new one can rebuild them.
+            if worker.alive and not any(i in self._stuck or i in self._lost for i in worker.group):
                 local = [i - worker.group.start for i in envs]
                 waits.append((envs, worker, False, self._control(worker, _worker.REBUILD, local)))
                 continue

@@ -94,7 +94,7 @@ class ThreadBackend(Backend):
         try:
             self._build_all()
         except BaseException:
-            self._stop_workers()
+            self.close_now()
             raise
         self.traits = EnvTraits.of(self._envs)
 
@@ -113,8 +113,7 @@ class ThreadBackend(Backend):
         failed = {i: error for i, _, error in built if error is not None}
         for i, env, _ in built:
             self._envs[i] = env
-        if failed:
-            close_quietly([env for env in self._envs if env is not None])
+        if failed:  # the caller closes the envs built, each on its own thread
             first = min(failed)
             if isinstance(failed[first], TypeError):
                 raise failed[first]
@@ -260,10 +259,27 @@ class ThreadBackend(Backend):
         self._stop_workers()
         return errors
 
-    def _stop_workers(self) -> None:
+    def close_now(self) -> None:
+        """Without a loop: close every env built on its own thread, then stop the threads.
+
+        Used when construction failed and when the vector env is garbage
+        collected unclosed.  Close errors are ignored; an env whose ``close``
+        hangs is abandoned (on a daemon thread) after a while.
+        """
+        for task in self._waiting.values():  # envs waiting for a concurrency token
+            with contextlib.suppress(RuntimeError):  # their loop is closed: nothing runs
+                task.cancel()
+        self._waiting.clear()
+        for i, env in enumerate(self._envs):
+            if env is not None:
+                self._worker(i).jobs.put((i, -1, close_quietly, ([env],)))
+        self._stop_workers(_CLOSE_TIMEOUT)
+
+    def _stop_workers(self, timeout: float = _JOIN_TIMEOUT) -> None:
+        """Stop every thread once its queued jobs are done; wait ``timeout`` s at most."""
         for worker in self._workers:
             worker.stop()
-        deadline = time.monotonic() + _JOIN_TIMEOUT
+        deadline = time.monotonic() + timeout
         for worker in self._workers:  # idle threads end at once; a hung one is a daemon
             worker.thread.join(max(0.0, deadline - time.monotonic()))
 

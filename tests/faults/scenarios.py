@@ -57,11 +57,6 @@ ALL_SETUPS = SYNC_SETUPS + ASYNC_SETUPS
 HANG_SETUPS = [s for s in ALL_SETUPS if s != ("inline", "sync")]
 PROCESS_SETUPS = [("process", "sync"), ("process", "async")]
 
-MALFORMED_BUG = (
-    "bug: malformed step results are not checked per env (a bare error naming no env, "
-    "or silently accepted; no restart)"
-)
-
 
 def space_env(lengths: tuple[int, int]) -> SpaceEnv:
     return SpaceEnv(min_len=lengths[0], max_len=lengths[1])
@@ -226,7 +221,6 @@ FAULTS = [
             cause=(ValueError, TypeError),
             setups=tuple(SYNC_SETUPS),
             env=2,
-            bug=None if kind == "arity" else MALFORMED_BUG,
         )
         for kind in MALFORMED
     ),

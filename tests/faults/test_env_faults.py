@@ -17,6 +17,8 @@ Until the fault, every result is compared with the oracle in full.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from typing import Any
 
 import pytest
@@ -25,10 +27,12 @@ from gymnasium.vector import SyncVectorEnv
 
 import aiovec
 from aiovec._core.lifecycle import State
+from aiovec.testing import KillingEnv
 from faults.conftest import skip_unless_available
 from faults.scenarios import (
     EPISODE_COUNTERS,
     FAULTS,
+    LONG,
     NUM_ENVS,
     NUM_WORKERS,
     SHORT,
@@ -40,16 +44,10 @@ from faults.scenarios import (
     assert_rows_equal,
     fault_cases,
     oracle_fns,
+    space_env,
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-AFTER_RESET_BUGS = {
-    "worker-killed": (
-        "bug: under on_error='raise' a dead worker's envs stay lost; every later reset() "
-        "raises WorkerDiedError"
-    ),
-}
 
 
 class Run:
@@ -128,7 +126,7 @@ def test_raise_names_the_failing_env(run, open_venv, fault, backend, flavour):
         lock.venv.step(actions)
 
 
-@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases(bugs=AFTER_RESET_BUGS))
+@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases())
 def test_raise_then_reset_matches_the_oracle_again(run, open_venv, fault, backend, flavour):
     r = run(fault, backend, flavour)
     lock = r.open(open_venv, on_error="raise")
@@ -232,11 +230,6 @@ def test_reset_while_the_env_still_hangs(run, open_venv, fault, backend, flavour
         lock.step(actions_for(step))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a dead worker's envs carry a WorkerDiedError nested in the WorkerDiedError "
-    "(.errors[i] should be the ChildProcessError that says how the worker died)",
-)
 @pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases([KILLED]))
 def test_a_dead_worker_is_reported_once_not_nested(run, open_venv, fault, backend, flavour):
     r = run(fault, backend, flavour)
@@ -245,3 +238,38 @@ def test_a_dead_worker_is_reported_once_not_nested(run, open_venv, fault, backen
     for cause in error.errors.values():
         assert isinstance(cause, ChildProcessError)
         assert "killed by SIGKILL" in str(cause)
+
+
+def _killed_then_refused(kill: Any, refuse: Any, spare: int) -> Any:
+    """Kills its worker on step 2; the first rebuild fails; later builds are healthy."""
+    if kill.take():
+        return KillingEnv(space_env(LONG), spare=spare, at=2)
+    if refuse.take():
+        raise ConnectionRefusedError("the server is still down")
+    return space_env(LONG)
+
+
+@pytest.mark.parametrize("backend", ["process"])
+def test_reset_rebuilds_a_dead_worker_and_names_envs_it_cannot_rebuild(open_venv, gates):
+    """``reset()`` after a worker died rebuilds its envs; a factory that fails is named."""
+    fns = oracle_fns(LONG)
+    fns[1] = functools.partial(_killed_then_refused, gates.once(), gates.once(), os.getpid())
+    lock = Lockstep(open_venv(fns, num_workers=NUM_WORKERS), SyncVectorEnv(oracle_fns(LONG)))
+    try:
+        lock.reset(seed=1)
+        lock.step(actions_for(1))
+        with pytest.raises(aiovec.WorkerDiedError):
+            lock.venv.step(actions_for(2))
+        lock.oracle.step(actions_for(2))
+        with pytest.raises(aiovec.EnvError, match=r"in reset\(\)") as info:
+            lock.venv.reset(seed=2)
+        assert type(info.value) is aiovec.EnvError
+        assert set(info.value.errors) == {0, 1}  # the worker's envs: neither is rebuilt
+        assert isinstance(info.value.errors[1], ConnectionRefusedError)
+        assert lock.venv.state is State.BROKEN
+        lock.ignore = EPISODE_COUNTERS
+        lock.reset(seed=3)
+        for step in range(1, 4):
+            lock.step(actions_for(step))
+    finally:
+        lock.oracle.close()

@@ -145,16 +145,11 @@ def test_each_env_has_its_own_budget(open_venv, backend, flavour):
         lock.oracle.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: when one env is over its restart limit, the EnvError leaves out the other "
-    "envs that failed in the same step",
-)
 def test_every_env_that_failed_is_named_when_one_is_over_its_limit(open_venv, backend):
-    # env 1 crash-loops; env 2 fails once, on its 5th step: the step on which env 1
-    # runs out of restarts (restarts at steps 1, 3, 5: under NEXT_STEP each restart
-    # is followed by an autoreset step).
-    fns = fns_with({1: crash_looping("sync"), 2: fails_once("sync", at=5)})
+    # env 1 crash-loops; env 2 fails once, on its 7th step: the step on which env 1
+    # runs out of restarts (R=3 restarts at steps 1, 3, 5: under NEXT_STEP each
+    # restart is followed by an autoreset step; step 7 would be one too many).
+    fns = fns_with({1: crash_looping("sync"), 2: fails_once("sync", at=2 * R + 1)})
     lock = open_lock(open_venv, backend, "sync", fns)
     try:
         error, _ = step_until_raise(lock, [0, 3])
@@ -163,25 +158,23 @@ def test_every_env_that_failed_is_named_when_one_is_over_its_limit(open_venv, ba
         lock.oracle.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a step that raises because one env is over its limit still charges a "
-    "restart to the other failed envs, which were never restarted",
-)
 def test_envs_not_restarted_are_not_charged(open_venv, backend):
     policy = RestartPolicy(max_restarts=1, window=3600.0, backoff=0.0)
-    # env 1 is restarted at step 1, and over its limit at step 3, when env 2 fails too.
-    fns = fns_with({1: crash_looping("sync"), 2: FlakySteps.factory({3, 4})})
+    # env 1 is restarted at step 1, and over its limit at step 3, when env 2 fails too;
+    # then neither fails again until env 2's 4th step call (env 1's 3rd works).
+    fns = fns_with({1: FlakySteps.factory({1, 2}), 2: FlakySteps.factory({3, 4})})
     lock = open_lock(open_venv, backend, "sync", fns, on_error=policy)
     try:
         lock.venv.step(actions_for(1))  # env 1 restarted
         lock.venv.step(actions_for(2))  # env 1 autoreset
-        with pytest.raises(aiovec.EnvError, match="restart limit"):
+        with pytest.raises(aiovec.EnvError, match="restart limit") as info:
             lock.venv.step(actions_for(3))
+        assert set(info.value.errors) == {1, 2}
         lock.venv.reset(seed=5)
         # env 2 fails on its 4th step call now; it was never restarted, so it is.
-        _, _, _, truncations, _ = lock.venv.step(actions_for(1))
+        _, _, _, truncations, infos = lock.venv.step(actions_for(1))
         assert truncations[2]
+        assert infos["_error"].tolist() == [False, False, True, False]
     finally:
         lock.oracle.close()
 
@@ -204,11 +197,6 @@ class FlakySteps(SpaceEnv):
         return super().step(action)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a restart limit reached by an env that timed out raises a plain EnvError, "
-    "not EnvTimeoutError",
-)
 def test_the_limit_keeps_the_error_subclass(open_venv, backend, gates):
     gate = gates()
     fns = fns_with({1: functools.partial(_hanging_every_time, gate)})

@@ -23,11 +23,12 @@ import gymnasium
 import numpy as np
 import pytest
 from conftest import Lockstep, require_async_envs
+from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
 
 import aiovec
 from aiovec._core.lifecycle import State
-from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv
+from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv, SpaceEnv
 from faults.conftest import skip_unless_available
 from faults.leaks import LeakCheck, checking, pending_tasks
 from faults.scenarios import LONG, NUM_ENVS, actions_for, space_env
@@ -242,6 +243,58 @@ async def test_close_releases_everything_even_while_the_object_lives(backend):
     assert venv.closed  # still referenced here, on purpose
 
 
+class ThreadNoting(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Notes the thread it was built on and the threads its ``close`` ran on."""
+
+    def __init__(self, env: Any, closed_on: dict[int, list[int]], index: int) -> None:
+        super().__init__(env)
+        self.built_on, self.index = threading.get_ident(), index
+        self.closed_on = closed_on.setdefault(index, [])
+
+    def close(self) -> None:
+        self.closed_on.append(threading.get_ident())
+        super().close()
+
+
+def _noting(closed_on: dict[int, list[int]], index: int, obs_space: Any = None) -> Any:
+    return ThreadNoting(SpaceEnv(obs_space, min_len=50, max_len=50), closed_on, index)
+
+
+def worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("aiovec-env-worker")]
+
+
+@pytest.mark.parametrize(
+    ("last", "error", "match"),
+    [
+        ("other-spaces", ValueError, "all envs must share one observation_space"),
+        ("factory-raises", aiovec.EnvError, r"env_fns\[3\]\(\)"),
+    ],
+    ids=["other-spaces", "factory-raises"],
+)
+def test_a_failed_thread_construction_closes_each_env_on_its_thread(last, error, match):
+    """Every env built is closed on the thread it was built on; every thread is stopped."""
+    before = set(worker_threads())
+    closed_on: dict[int, list[int]] = {}
+    built: list[Any] = []
+
+    def factory(i: int) -> Any:
+        if i == 3 and last == "factory-raises":
+            raise ConnectionRefusedError("no server")
+        other = spaces.Box(-1.0, 1.0, (4,), np.float32) if i == 3 else None
+        built.append(_noting(closed_on, i, other))
+        return built[-1]
+
+    fns = [functools.partial(factory, i) for i in range(NUM_ENVS)]
+    with pytest.raises(error, match=match):
+        aiovec.AsyncioVectorEnv(fns, backend="thread")
+    assert set(worker_threads()) <= before, "threads still run after the error"
+    assert len(built) == (NUM_ENVS if last == "other-spaces" else NUM_ENVS - 1)
+    for env in built:
+        assert env.closed_on == [env.built_on], f"env {env.index} closed on the wrong thread"
+        assert env.built_on != threading.get_ident()
+
+
 def failing_close(flavour: str) -> Any:
     return functools.partial(_failing_close, flavour)
 
@@ -266,11 +319,6 @@ async def test_an_env_whose_close_raises_is_named_and_everything_is_released(bac
     assert pending_tasks(asyncio.get_running_loop()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: BlockingVectorEnv.close() that raises EnvError leaves .closed False; a "
-    "second close() raises ClosedError and garbage collection warns 'never closed'",
-)
 @pytest.mark.parametrize("backend", ["inline", "thread", "process"])
 def test_blocking_close_that_raises_still_closes(backend):
     envs = aiovec.BlockingVectorEnv([plain, failing_close("sync")], backend=backend)
@@ -287,23 +335,7 @@ def test_blocking_close_that_raises_still_closes(backend):
 # --------------------------------------------------------------------------- garbage collection
 
 
-GC_BUGS = {
-    ("inline", "async"): "bug: garbage-collecting an unclosed vector env whose async envs "
-    "have lanes destroys the pending lane tasks ('Task was destroyed but it is pending!')",
-    ("thread", "sync"): "bug: an unclosed thread-backend vector env is never collected while "
-    "its worker threads run (they reference it), and they run forever",
-    ("process", "sync"): "bug: an unclosed process-backend vector env is kept alive by the "
-    "running loop's readers: its workers and pipes stay until the loop closes",
-}
-
-
-def gc_cases(bugs: dict[tuple[str, str], str]) -> list[Any]:
-    cases = []
-    for backend, flavour in [("inline", "sync"), ("inline", "async"), *WAITING_SETUPS[1:3]]:
-        reason = bugs.get((backend, flavour))
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        cases.append(pytest.param(backend, flavour, marks=marks, id=f"{backend}-{flavour}"))
-    return cases
+GC_SETUPS = [("inline", "sync"), ("inline", "async"), *WAITING_SETUPS[1:3]]
 
 
 def drop(held: list[Any]) -> None:
@@ -312,33 +344,63 @@ def drop(held: list[Any]) -> None:
     gc.collect()
 
 
+def drop_on_a_thread(held: list[Any]) -> None:
+    """:func:`drop`, on a thread of its own (garbage collection can happen on any thread)."""
+    thread = threading.Thread(target=drop, args=(held,))
+    thread.start()
+    thread.join()
+
+
 def waiting_twin() -> Any:
     """An async env that really suspends (so its lane task exists)."""
     return aiovec.testing.AsyncTwin(space_env(LONG), max_yields=2, seed=4)
 
 
-@pytest.mark.parametrize(("backend", "flavour"), gc_cases(GC_BUGS))
+class Cycle:
+    """Holds a vector env in a reference cycle: only the cycle collector frees it."""
+
+    def __init__(self, venv: Any) -> None:
+        self.venv, self.me = venv, self
+
+
+GC_CASES = [
+    *[pytest.param(*setup, "freed", id=f"{setup[0]}-{setup[1]}-freed") for setup in GC_SETUPS],
+    *[pytest.param(*setup, "in-a-cycle", id=f"{setup[0]}-{setup[1]}-cycle") for setup in GC_SETUPS],
+    pytest.param("inline", "async", "on-a-thread", id="inline-async-on-a-thread"),
+]
+
+
+@pytest.mark.parametrize(("backend", "flavour", "how"), GC_CASES)
 @pytest.mark.asyncio
-async def test_garbage_collecting_an_unclosed_vector_env(backend, flavour, caplog, leak_check):
-    """Inside a running loop: a ResourceWarning, and then nothing is left behind."""
+async def test_garbage_collecting_an_unclosed_vector_env(backend, flavour, how, caplog, leak_check):
+    """Inside a running loop: a ResourceWarning, and then nothing is left behind.
+
+    The vector env is freed when its last reference goes, or by the cycle
+    collector, or on another thread (whose collection must not touch the loop).
+    """
     setup_or_skip(backend, flavour)
-    leak_check.grace = 1.0  # (the leaks of the known bugs need not be waited for long)
+    leak_check.grace = 1.0  # (a leak need not be waited for long)
     fns = [waiting_twin if flavour == "async" else plain] * NUM_ENVS
     with checking(grace=1.0):
         venv = aiovec.AsyncioVectorEnv(fns, backend=backend)
         await venv.reset(seed=0)
         await venv.step(actions_for(1))
-        held = [venv]
+        held: list[Any] = [Cycle(venv) if how == "in-a-cycle" else venv]
         del venv
         with caplog.at_level(logging.ERROR, logger="asyncio"):
+            lanes = pending_tasks(asyncio.get_running_loop())
             with pytest.warns(ResourceWarning, match="never closed"):
-                drop(held)
+                (drop_on_a_thread if how == "on-a-thread" else drop)(held)
+            if how == "on-a-thread":  # it asked the loop to cancel the lanes, not did it itself
+                assert lanes, "the async envs' lane tasks should be waiting"
+                assert [task.cancelling() for task in lanes] == [0] * len(lanes)
             await asyncio.sleep(0)  # let the loop run callbacks made by the collection
+            await asyncio.sleep(0)  # (a callback from another thread: then the lanes end)
         assert pending_tasks(asyncio.get_running_loop()) == []
         assert "destroyed but it is pending" not in caplog.text
 
 
-@pytest.mark.parametrize(("backend", "flavour"), gc_cases({}))
+@pytest.mark.parametrize(("backend", "flavour"), GC_SETUPS)
 def test_garbage_collecting_an_unclosed_blocking_vector_env(backend, flavour):
     setup_or_skip(backend, flavour)
     fns = [waiting_twin if flavour == "async" else plain] * NUM_ENVS
