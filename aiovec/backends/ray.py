@@ -180,6 +180,10 @@ class _Request:
 class RayBackend(Backend):
     """Hosts envs in Ray actors; awaits their replies as asyncio futures.
 
+    The program normally connects to its cluster first (``ray.init(address=...)``);
+    if it has not, ``ray.init()`` runs with Ray's defaults (``RAY_ADDRESS``, or a
+    new local instance), as Ray itself would on first use.
+
     Args:
         env_fns: The env factories (cloudpickled to the actors).
         num_workers: How many actors (default: one per CPU of the cluster).
@@ -197,6 +201,8 @@ class RayBackend(Backend):
         options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(env_fns, num_workers, limiter, options)
+        if not ray.is_initialized():  # as Ray would on first use: RAY_ADDRESS, or a local one
+            ray.init()
         self._fns = list(env_fns)
         self._options = {**_DEFAULT_OPTIONS, **(options or {})}
         self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
