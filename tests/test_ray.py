@@ -1,0 +1,220 @@
+"""backend="ray": placement over raylets, lost nodes and actors, options, the missing extra.
+
+The conformance and fault suites run every scenario on ``backend="ray"`` too;
+this file holds what only Ray has.  Everything runs on the session's local
+cluster of two nodes (``ray_cluster`` in ``conftest.py``); the tests that lose
+a node add one of their own first.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import HAVE_RAY, RAY_NODE
+
+import aiovec
+from aiovec.backends import load_backend
+from aiovec.testing import SpaceEnv
+
+pytestmark = pytest.mark.ray
+
+NUM_ENVS = 4
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason='ray is not installed ("aiovec[ray]")')
+
+
+def fns(count: int = NUM_ENVS) -> list[Any]:
+    return [functools.partial(SpaceEnv, min_len=50, max_len=50) for _ in range(count)]
+
+
+class Counted:
+    """A factory that counts its calls in this process (to show none was made)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> SpaceEnv:
+        self.calls += 1
+        return SpaceEnv()
+
+
+# --------------------------------------------------------------------------- no ray
+
+
+def test_import_aiovec_never_imports_ray():
+    code = "import sys, aiovec; aiovec.AsyncioVectorEnv; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_missing_ray_says_which_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
+    monkeypatch.delitem(sys.modules, "aiovec.backends.ray", raising=False)
+    factory = Counted()
+    with pytest.raises(ModuleNotFoundError, match=r'pip install "aiovec\[ray\]"'):
+        aiovec.AsyncioVectorEnv([factory] * 2, backend="ray")
+    with pytest.raises(ModuleNotFoundError, match=r"backend='ray' needs ray"):
+        load_backend("ray")
+    assert factory.calls == 0
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "error", "match"),
+    [
+        ("ray", [("num_cpus", 1)], TypeError, "backend_options must be a dict or None"),
+        ("inline", {"num_cpus": 1}, ValueError, "not taken by backend='inline'"),
+        ("ray", {"num_cpu": 1}, ValueError, "unknown option.*num_cpu.*expected some of"),
+    ],
+)
+def test_bad_backend_options_are_refused_before_any_env_is_built(backend, options, error, match):
+    if backend == "ray" and not HAVE_RAY:
+        pytest.skip("ray is not installed")
+    factory = Counted()
+    with pytest.raises(error, match=match):
+        aiovec.AsyncioVectorEnv([factory] * 2, backend=backend, backend_options=options)
+    assert factory.calls == 0
+
+
+@needs_ray
+def test_an_option_ray_refuses_is_refused_before_any_actor_starts(ray_cluster):
+    factory = Counted()
+    with pytest.raises(ValueError, match="num_cpus"):
+        aiovec.BlockingVectorEnv([factory] * 2, backend="ray", backend_options={"num_cpus": -1})
+    assert factory.calls == 0
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@needs_ray
+def test_actors_spread_over_the_raylets_and_give_the_same_results(ray_cluster):
+    import ray
+
+    nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2)
+    oracle = aiovec.BlockingVectorEnv(fns())
+    try:
+        hosts = venv.vector_env._backend.node_ids
+        assert len(set(hosts)) == 2, f"both actors on one raylet: {hosts}"
+        assert set(hosts) <= nodes
+        for got, want in zip(venv.reset(seed=5), oracle.reset(seed=5), strict=True):
+            np.testing.assert_equal(got, want)
+        for step in range(3):
+            actions = (np.arange(NUM_ENVS) + step) % 3
+            for got, want in zip(venv.step(actions), oracle.step(actions), strict=True):
+                np.testing.assert_equal(got, want)
+    finally:
+        venv.close()
+        oracle.close()
+
+
+@pytest.fixture
+def doomed_node(ray_cluster: Any) -> Iterator[tuple[Any, str]]:
+    """A third node of the cluster, with a custom resource ``doomed``; removed at the end."""
+    if ray_cluster is None:
+        pytest.skip("ray is not installed")
+    node = ray_cluster.add_node(**RAY_NODE, resources={"doomed": 4})
+    ray_cluster.wait_for_nodes()
+    try:
+        yield node, node.node_id
+    finally:
+        if node in ray_cluster.worker_nodes:
+            ray_cluster.remove_node(node)
+
+
+@needs_ray
+def test_custom_resources_place_actors_and_a_lost_node_fails_their_envs(ray_cluster, doomed_node):
+    node, node_id = doomed_node
+    options = {"resources": {"doomed": 1}, "num_cpus": 0}
+    venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, backend_options=options)
+    try:
+        assert venv.vector_env._backend.node_ids == (node_id, node_id)
+        venv.reset(seed=1)
+        venv.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        venv.send(np.zeros(NUM_ENVS, dtype=np.int64))  # in flight while the node goes
+        ray_cluster.remove_node(node)
+        with pytest.raises(aiovec.WorkerDiedError) as info:
+            venv.recv(min_envs=NUM_ENVS)
+        assert set(info.value.errors) == set(range(NUM_ENVS))
+        assert "Ray actor hosting envs 0-1" in str(info.value.errors[0])
+        with pytest.raises(aiovec.WorkerDiedError, match="died; their envs are gone") as again:
+            venv.reset(seed=2)
+        assert set(again.value.errors) == set(range(NUM_ENVS))
+    finally:
+        venv.close()
+
+
+@needs_ray
+def test_under_restart_actors_of_a_lost_node_are_replaced_elsewhere(ray_cluster, doomed_node):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node, node_id = doomed_node
+    there = NodeAffinitySchedulingStrategy(node_id, soft=True)  # elsewhere once it is gone
+    venv = aiovec.BlockingVectorEnv(
+        fns(),
+        backend="ray",
+        num_workers=2,
+        on_error="restart",
+        backend_options={"scheduling_strategy": there},
+    )
+    space = venv.single_observation_space
+    try:
+        assert venv.vector_env._backend.node_ids == (node_id, node_id)
+        venv.reset(seed=1)
+        ray_cluster.remove_node(node)
+        obs, rewards, terminations, truncations, infos = venv.step(np.ones(NUM_ENVS, np.int64))
+        assert truncations.all()
+        assert not terminations.any()
+        assert not rewards.any()
+        assert infos["_error"].all()
+        assert all("rebuilt" in text for text in infos["error"])
+        assert all(space.contains(row) for row in obs)
+        assert node_id not in venv.vector_env._backend.node_ids
+        _, _, _, truncations, _ = venv.step(np.ones(NUM_ENVS, np.int64))
+        assert not truncations.any()
+    finally:
+        venv.close()
+
+
+@needs_ray
+def test_a_killed_actor_is_worker_died_then_replaced_under_restart(ray_cluster):
+    import ray
+
+    for on_error in ("raise", "restart"):
+        venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, on_error=on_error)
+        try:
+            venv.reset(seed=3)
+            first = venv.vector_env._backend.actors[1]
+            ray.kill(first, no_restart=True)
+            if on_error == "raise":
+                with pytest.raises(aiovec.WorkerDiedError) as info:
+                    venv.step(np.zeros(NUM_ENVS, np.int64))
+                assert set(info.value.errors) == {2, 3}
+                continue
+            _, _, _, truncations, infos = venv.step(np.zeros(NUM_ENVS, np.int64))
+            assert truncations.tolist() == [False, False, True, True]
+            assert infos["_error"].tolist() == [False, False, True, True]
+            assert venv.vector_env._backend.actors[1] != first
+        finally:
+            venv.close()
+
+
+@needs_ray
+def test_close_kills_every_actor(ray_cluster):
+    import ray
+
+    venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2)
+    actors = venv.vector_env._backend.actors
+    venv.reset(seed=0)
+    venv.close()
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ready.remote(), timeout=30)
