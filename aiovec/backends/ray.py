@@ -411,7 +411,9 @@ class RayBackend(Backend):
         self._fail_waiting(actor, cause)
 
     def _fail_waiting(self, actor: _Actor, cause: BaseException) -> None:
-        waiting = [i for i in actor.group if self._waiting_on[i] is not None]
+        """Fail the envs waiting on ``actor`` (not on the actor that replaced it)."""
+        waiting_on = self._waiting_on
+        waiting = [i for i in actor.group if (r := waiting_on[i]) is not None and r.actor is actor]
         if not waiting:
             return
         for i in waiting:
