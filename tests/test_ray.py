@@ -9,6 +9,7 @@ a node add one of their own first.
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -205,6 +206,29 @@ def test_a_killed_actor_is_worker_died_then_replaced_under_restart(ray_cluster):
             assert venv.vector_env._backend.actors[1] != first
         finally:
             venv.close()
+
+
+class ImportsNowhereElse:
+    """A factory that cannot be unpickled in any process but the one that made it."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __call__(self) -> SpaceEnv:
+        return SpaceEnv()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state["pid"] != os.getpid():
+            raise ModuleNotFoundError("No module named 'only_on_the_driver'")
+        self.__dict__.update(state)
+
+
+@needs_ray
+def test_an_actor_that_cannot_load_its_factories_is_worker_died_with_a_hint(ray_cluster):
+    fns_ = [SpaceEnv, SpaceEnv, ImportsNowhereElse(), SpaceEnv]
+    with pytest.raises(aiovec.WorkerDiedError, match="importable on every node") as info:
+        aiovec.BlockingVectorEnv(fns_, backend="ray", num_workers=2)
+    assert set(info.value.errors) == {2, 3}
 
 
 @needs_ray

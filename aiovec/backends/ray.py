@@ -187,7 +187,8 @@ class RayBackend(Backend):
     Args:
         env_fns: The env factories (cloudpickled to the actors).
         num_workers: How many actors (default: one per CPU of the cluster).
-        limiter: Not used (``max_concurrency`` limits launches upstream).
+        limiter: Not used: each actor runs its group's calls itself, as a process
+            worker does.
         options: Ray actor options for every actor (:data:`ACTOR_OPTIONS`).
     """
 
@@ -218,7 +219,8 @@ class RayBackend(Backend):
         self._finalizer = weakref.finalize(self, _kill_all, self._actors)
         try:
             self._actors.extend(self._start(group) for group in groups)
-            replies = ray.get([actor.handle.ready.remote() for actor in self._actors])
+            refs = [actor.handle.ready.remote() for actor in self._actors]
+            replies = [_ready(a, ref) for a, ref in zip(self._actors, refs, strict=True)]
             traits = [self._check_ready(a, r) for a, r in zip(self._actors, replies, strict=True)]
             self.traits = EnvTraits(
                 [space for t in traits for space in t.observation_spaces],
@@ -502,6 +504,20 @@ class RayBackend(Backend):
         if closes:
             ray.wait(closes, num_returns=len(closes), timeout=_CLOSE_TIMEOUT)
         self._finalizer()
+
+
+def _ready(actor: _Actor, ref: Any) -> tuple[Any, ...]:
+    """A new actor's first reply (construction has no loop: this waits on Ray)."""
+    try:
+        reply: tuple[Any, ...] = ray.get(ref)
+    except _DEATHS as exc:
+        died = RuntimeError(
+            f"the {actor.describe()} died as it started: {exc}; can it unpickle the env "
+            "factories? (aiovec and the code that defines them must be importable on every "
+            "node: installed there, or shipped with runtime_env)"
+        )
+        raise WorkerDiedError(dict.fromkeys(actor.group, died), "env_fns[...]()") from exc
+    return reply
 
 
 def _cluster_cpus() -> int:
