@@ -224,6 +224,30 @@ def test_an_actor_that_cannot_load_its_factories_is_worker_died_with_a_hint(ray_
     assert set(info.value.errors) == {2, 3}
 
 
+class MarksItsClose(SpaceEnv):
+    """Leaves a file in ``directory`` when closed (wherever it runs on this machine)."""
+
+    def __init__(self, directory: str, *args: Any) -> None:
+        super().__init__(*args)
+        self.directory = directory
+
+    def close(self) -> None:
+        with open(os.path.join(self.directory, f"closed-{id(self)}-{os.getpid()}"), "w"):
+            pass
+
+
+@needs_ray
+def test_envs_built_before_a_failed_construction_are_closed_in_their_actors(ray_cluster, tmp_path):
+    from gymnasium import spaces
+
+    directory = str(tmp_path)
+    fns_ = [functools.partial(MarksItsClose, directory)] * 3
+    fns_.append(functools.partial(MarksItsClose, directory, spaces.Discrete(2)))
+    with pytest.raises(ValueError, match="observation"):
+        aiovec.BlockingVectorEnv(fns_, backend="ray", num_workers=2)
+    assert len(os.listdir(directory)) == 4
+
+
 @needs_ray
 def test_close_kills_every_actor(ray_cluster):
     import ray
