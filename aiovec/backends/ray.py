@@ -35,6 +35,7 @@ abandoned call kills and replaces that actor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 import weakref
@@ -88,13 +89,8 @@ _DEFAULT_OPTIONS: dict[str, Any] = {
     "scheduling_strategy": "SPREAD",
 }
 _CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandoned
-_DEATHS = (
-    ray.exceptions.RayActorError,  # killed, its process or its node gone
-    ray.exceptions.ActorUnavailableError,
-    ray.exceptions.ObjectLostError,  # a reply that lived on a lost node
-    ray.exceptions.WorkerCrashedError,
-    ray.exceptions.NodeDiedError,
-)
+_DEATHS = (ray.exceptions.RayError,)  # of the actor: killed, its process or node gone, ...
+_RAISED = ray.exceptions.RayTaskError  # ... unless the call itself raised (not the envs)
 T = TypeVar("T")
 
 
@@ -347,12 +343,16 @@ class RayBackend(Backend):
                 del self._stuck[i]
         try:
             reply = future.result()
+        except _RAISED as exc:  # the call itself failed (e.g. a reply that did not serialise)
+            for i in waiting:
+                self._finish(i, None, exc)
+            return
         except _DEATHS as exc:
             for i in waiting:  # they were waiting on it: they fail with it
                 waiting_on[i] = request
             self._on_death(request.actor, exc)
             return
-        except BaseException as exc:  # the call itself failed (a reply that did not serialise)
+        except BaseException as exc:
             for i in waiting:
                 self._finish(i, None, exc)
             return
@@ -407,6 +407,8 @@ class RayBackend(Backend):
             self._fail_waiting(actor, cause)
             return
         actor.alive = False
+        with contextlib.suppress(Exception):  # if Ray only lost touch with it: it must go
+            ray.kill(actor.handle, no_restart=True)
         self._lost.update(actor.group)
         for i in actor.group:
             self._stuck.pop(i, None)
