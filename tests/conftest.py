@@ -427,15 +427,20 @@ def make_lockstep(
 
 
 @pytest.fixture
-def leak_check() -> Iterator[LeakCheck]:
+def leak_check(request: pytest.FixtureRequest) -> Iterator[LeakCheck]:
     """Fail the test if it leaves a thread, child process, fd or shared-memory block behind.
 
     See ``tests/faults/leaks.py``.  The fault suite and the fuzz tests use it
     on every test; ``AIOVEC_LEAK_CHECK=all`` puts it on every test of the suite.
+    On ray, sockets are not counted: Ray's own threads open and close their
+    connections (to raylets and actor workers) when they please, and aiovec opens
+    none there; that the actors themselves go is checked in ``test_ray.py``.
     """
     check = LeakCheck.start()
     yield check
     leaks = check.finish()
+    if uses_ray(request.node):
+        leaks = [leak for leak in leaks if " -> socket:[" not in leak]
     assert not leaks, "the test left behind: " + "; ".join(leaks)
 
 

@@ -137,11 +137,14 @@ def test_custom_resources_place_actors_and_a_lost_node_fails_their_envs(ray_clus
         ray_cluster.remove_node(node)
         with pytest.raises(aiovec.WorkerDiedError) as info:
             venv.recv(min_envs=NUM_ENVS)
-        assert set(info.value.errors) == set(range(NUM_ENVS))
-        assert "Ray actor hosting envs 0-1" in str(info.value.errors[0])
-        with pytest.raises(aiovec.WorkerDiedError, match="died; their envs are gone") as again:
-            venv.reset(seed=2)
+        named = set(info.value.errors)
+        assert named in ({0, 1}, {2, 3}, {0, 1, 2, 3}), "whole groups, as they were found dead"
+        first = min(named)
+        assert f"Ray actor hosting envs {first}-{first + 1}" in str(info.value.errors[first])
+        with pytest.raises(aiovec.WorkerDiedError) as again:
+            venv.reset(seed=2)  # both groups are gone: found now, or known since the recv
         assert set(again.value.errors) == set(range(NUM_ENVS))
+        assert "died; their envs are gone" in str(again.value.errors[first])
     finally:
         venv.close()
 
