@@ -181,16 +181,27 @@ def test_under_restart_actors_of_a_lost_node_are_replaced_elsewhere(ray_cluster,
         venv.close()
 
 
-@needs_ray
-def test_a_killed_actor_is_worker_died_then_replaced_under_restart(ray_cluster):
+def kill_and_wait(actor: Any) -> None:
+    """Kill a Ray actor and return once it is dead (``ray.kill`` only asks for it)."""
     import ray
 
+    ray.kill(actor, no_restart=True)
+    for _ in range(10_000):  # each call answers at once while it lives, then fails
+        try:
+            ray.get(actor.ready.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+    raise AssertionError(f"{actor} still answers after ray.kill")
+
+
+@needs_ray
+def test_a_killed_actor_is_worker_died_then_replaced_under_restart(ray_cluster):
     for on_error in ("raise", "restart"):
         venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, on_error=on_error)
         try:
             venv.reset(seed=3)
             first = venv.vector_env._backend.actors[1]
-            ray.kill(first, no_restart=True)
+            kill_and_wait(first)
             if on_error == "raise":
                 with pytest.raises(aiovec.WorkerDiedError) as info:
                     venv.step(np.zeros(NUM_ENVS, np.int64))
