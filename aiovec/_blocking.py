@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -60,6 +60,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         copy: bool = True,
         reset_timeout: float | None = None,
         max_concurrency: int | anyio.CapacityLimiter | None = None,
+        backend_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._runner = Runner()
         try:
@@ -73,6 +74,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                 copy=copy,
                 reset_timeout=reset_timeout,
                 max_concurrency=max_concurrency,
+                backend_options=backend_options,
             )
         except BaseException:
             self._runner.close()

@@ -16,7 +16,15 @@ from aiovec._vector import AsyncioVectorEnv
 __all__ = ("make",)
 
 _VECTOR_KWARGS = frozenset(
-    {"num_workers", "autoreset_mode", "step_timeout", "reset_timeout", "on_error", "copy"}
+    {
+        "num_workers",
+        "autoreset_mode",
+        "step_timeout",
+        "reset_timeout",
+        "on_error",
+        "copy",
+        "backend_options",
+    }
 )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import warnings
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -65,10 +65,14 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             an env: an :class:`aiovec.AsyncEnv` (or any object with coroutine
             ``reset``/``step`` and the two spaces) or a ``gymnasium.Env``.
         backend: Where envs live: ``"inline"`` (this event loop; sync envs are
-            called directly, async ones awaited together) or ``"thread"``
-            (sync envs whose calls block, each on a thread of its own).
+            called directly, async ones awaited together), ``"thread"``
+            (sync envs whose calls block, each on a thread of its own),
+            ``"process"`` (worker processes, several envs each) or ``"ray"``
+            (Ray actors, several envs each, anywhere on a Ray cluster; needs
+            ``pip install "aiovec[ray]"``).
         num_workers: How many workers host the envs (``"thread"``: threads,
-            by default one per env).
+            by default one per env; ``"process"``: processes, by default one
+            per CPU; ``"ray"``: actors, by default one per CPU of the cluster).
         autoreset_mode: gymnasium's ``AutoresetMode`` (or its string value).
         step_timeout: Seconds an env may take to answer a step (and render,
             call, ...); ``None`` waits forever.  A late env fails with
@@ -87,6 +91,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             (``None``: no limit), so many envs do not flood one server.  An
             ``anyio.CapacityLimiter`` may be passed instead of an int and shared
             by several vector envs that talk to the same server.
+        backend_options: Options of the backend; only ``"ray"`` takes any: the
+            Ray actor options of every actor (``num_cpus``, ``num_gpus``,
+            ``memory``, ``resources``, ``scheduling_strategy`` (default
+            ``"SPREAD"``), ``runtime_env``, ...).
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
@@ -111,6 +119,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         copy: bool = True,
         reset_timeout: float | None = None,
         max_concurrency: int | anyio.CapacityLimiter | None = None,
+        backend_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
@@ -136,8 +145,12 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         if isinstance(limiter, int):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
+        options = validate.check_backend_options(backend_options, backend_name, backend_cls.OPTIONS)
 
-        self._backend = backend_cls(fns, workers, limiter)
+        if options:
+            self._backend = backend_cls(fns, workers, limiter, options=options)
+        else:
+            self._backend = backend_cls(fns, workers, limiter)
         traits = self._backend.traits
         try:
             validate.check_spaces(traits.observation_spaces, traits.action_spaces)

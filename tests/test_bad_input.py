@@ -212,8 +212,8 @@ def test_the_first_mismatch_is_the_lowest_env_index(make_venv):
 
 
 def test_envs_built_before_a_failed_construction_are_closed(backend, front_end):
-    if backend == "process":
-        pytest.skip("envs close in their worker processes (see test_process.py)")
+    if backend in ("process", "ray"):
+        pytest.skip("envs close in their workers (see test_process.py and test_ray.py)")
     closed: list[int] = []
 
     class Tracked(SpaceEnv):

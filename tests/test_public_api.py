@@ -81,12 +81,6 @@ def test_import_loads_no_backend_and_no_optional_dependency():
     assert loaded <= {"aiovec.backends._base"}
 
 
-@pytest.mark.parametrize("backend", ["ray"])
-def test_backends_of_later_releases_say_so(backend):
-    with pytest.raises(NotImplementedError, match=backend):
-        aiovec.AsyncioVectorEnv([aiovec.testing.SpaceEnv], backend=backend)
-
-
 def test_async_env_defaults_and_seeding():
     class Env(aiovec.AsyncEnv[int, int]):
         observation_space = gymnasium.spaces.Discrete(2)

@@ -261,6 +261,8 @@ def _unavailable(backend: str, kind: str) -> str:
         load_backend(backend)
     except (NotImplementedError, ImportError) as exc:
         return str(exc).split(";")[0]
+    if backend == "ray" and not os.environ.get("RAY_ADDRESS"):
+        return "not measured without a Ray cluster to join (set RAY_ADDRESS; see docs/ray.md)"
     return ""
 
 

@@ -210,16 +210,26 @@ def _leaf_writer(leaf: Leaf, array: np.ndarray) -> Callable[[int, Any], bool]:
     return write_array
 
 
-def copy_rows(target: Any, source: Any, rows: slice | list[int]) -> None:
-    """Copy ``rows`` of a batched value into the same rows of another (same structure)."""
+def copy_rows(
+    target: Any,
+    source: Any,
+    rows: slice | list[int],
+    source_rows: slice | list[int] | None = None,
+) -> None:
+    """Copy ``rows`` of a batched value into the same rows of another (same structure).
+
+    ``source_rows``, if given, are the rows to read instead (as many as ``rows``).
+    """
+    if source_rows is None:
+        source_rows = rows
     if isinstance(source, np.ndarray):
-        target[rows] = source[rows]
+        target[rows] = source[source_rows]
     elif isinstance(source, dict):
         for key, value in source.items():
-            copy_rows(target[key], value, rows)
+            copy_rows(target[key], value, rows, source_rows)
     else:
         for t, s in zip(target, source, strict=True):
-            copy_rows(t, s, rows)
+            copy_rows(t, s, rows, source_rows)
 
 
 def take_rows(source: Any, rows: slice | list[int]) -> Any:

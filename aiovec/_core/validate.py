@@ -23,6 +23,7 @@ __all__ = (
     "action_checker",
     "check_actions",
     "check_autoreset_mode",
+    "check_backend_options",
     "check_choice",
     "check_env_fns",
     "check_env_ids",
@@ -115,6 +116,30 @@ def check_timeout(name: str, value: object) -> float | None:
     if not seconds > 0 or math.isinf(seconds) or math.isnan(seconds):
         raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
     return seconds
+
+
+def check_backend_options(
+    value: object, backend: str, allowed: frozenset[str]
+) -> dict[str, Any] | None:
+    """``backend_options``: ``None`` or a mapping of the options ``backend`` takes."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"backend_options must be a dict or None, got {describe(value)}")
+    if not value:
+        return None
+    if not allowed:
+        raise ValueError(
+            f"backend_options are not taken by backend={backend!r} (backend='ray' takes Ray "
+            f"actor options such as num_cpus), got {dict(value)!r}"
+        )
+    unknown = sorted(map(str, set(value) - allowed))
+    if unknown:
+        raise ValueError(
+            f"backend_options has unknown option(s) {', '.join(unknown)} for "
+            f"backend={backend!r}; expected some of: {', '.join(sorted(allowed))}"
+        )
+    return dict(value)
 
 
 def check_num_workers(value: object, num_envs: int) -> int | None:

@@ -16,19 +16,29 @@ _MODULES = {
     "inline": ("aiovec.backends.inline", "InlineBackend"),
     "thread": ("aiovec.backends.thread", "ThreadBackend"),
     "process": ("aiovec.backends.process", "ProcessBackend"),
+    "ray": ("aiovec.backends.ray", "RayBackend"),
 }
-_PLANNED = {
-    "ray": 'the Ray backend (pip install "aiovec[ray]")',
-}
+_EXTRAS = {"ray": "ray"}  # backend -> (the top-level module it needs, and) its extra
 
 
 def load_backend(name: str) -> type[Backend]:
-    """The backend class registered under ``name`` (imported on first use)."""
-    if name in _PLANNED and name not in _MODULES:
-        raise NotImplementedError(
-            f"backend={name!r}: {_PLANNED[name]} is not part of this release yet; "
-            "use backend='inline'"
-        )
+    """The backend class registered under ``name`` (imported on first use).
+
+    Raises:
+        ModuleNotFoundError: The backend's optional dependency is not installed
+            (the message says which extra to install).
+    """
     module_name, attr = _MODULES[name]
-    cls: type[Backend] = getattr(importlib.import_module(module_name), attr)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get(name)
+        if extra is None or exc.name != extra:
+            raise
+        raise ModuleNotFoundError(
+            f"backend={name!r} needs {extra}, which is not installed: "
+            f'pip install "aiovec[{extra}]"',
+            name=exc.name,
+        ) from exc
+    cls: type[Backend] = getattr(module, attr)
     return cls

@@ -12,9 +12,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 from gymnasium import spaces
@@ -23,7 +23,7 @@ from aiovec._core.calls import CLOSE
 from aiovec._core.latency import LatencyBook
 from aiovec._core.ops import CallOp, Op
 from aiovec._core.rows import Rows, StepBlock
-from aiovec._errors import EnvError
+from aiovec._errors import EnvError, WorkerDiedError
 
 __all__ = (
     "Backend",
@@ -67,13 +67,17 @@ class Backend(abc.ABC):
     """
 
     traits: EnvTraits
+    OPTIONS: ClassVar[frozenset[str]] = frozenset()
+    """The names of the ``backend_options`` the backend takes (passed as ``options=``)."""
 
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
         num_workers: int | None,
         limiter: anyio.CapacityLimiter | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        """Subclasses that take no :attr:`OPTIONS` leave ``options`` out of their signature."""
         self.num_envs = len(env_fns)
         self.limiter = limiter
         self.latency = LatencyBook(self.num_envs)
@@ -161,6 +165,12 @@ class Backend(abc.ABC):
         waiter = self._waiter
         if waiter is not None and not waiter.done() and self._satisfied():
             waiter.set_result(None)
+
+    def _fail_gone(self, envs: Sequence[int], died: BaseException) -> None:
+        """Fail ``envs``, whose worker died before this call, with ``WorkerDiedError``."""
+        error = WorkerDiedError(dict.fromkeys(envs, died), "an earlier call")
+        for i in envs:
+            self._finish(i, None, error)
 
     def _finish_block(self, block: StepBlock, since: float) -> None:
         """The envs of ``block`` (started at ``since``) finished their step together."""

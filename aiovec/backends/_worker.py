@@ -40,9 +40,9 @@ import os
 import pickle
 import signal
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import cloudpickle
 import numpy as np
@@ -56,10 +56,16 @@ from aiovec.backends._base import EnvTraits, check_env, check_rebuilt, close_qui
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
 from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame, write_all
 
-__all__ = ("ATTACH", "CALL", "REBUILD", "STEP", "main")
+__all__ = ("ATTACH", "CALL", "REBUILD", "STEP", "Group", "GroupFlow", "main")
 
 STEP, CALL, REBUILD, ATTACH = "step", "call", "rebuild", "attach"
 Outcome = tuple[Any, BaseException | None]
+T = TypeVar("T")
+GroupFlow = Generator[list[Coroutine[Any, Any, Any]], list[Any], T]
+"""A request of a group, as a flow: it yields the coroutines of its async envs
+(once, or not at all) and is sent their results (exceptions as values); it
+returns the reply.  A worker process runs them on its own loop, a Ray actor
+awaits them on the actor's loop."""
 StepReply = tuple[
     str,
     dict[int, BaseException],
@@ -81,7 +87,7 @@ def main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = replies.fileno()
     try:
-        group = _Group(cloudpickle.loads(factories), first, shared.fd)
+        group = Group(cloudpickle.loads(factories), first, shared.fd)
     except _BuildFailed as failed:
         _send(out, (0, ("failed", failed.index, _portable(failed.error), failed.by_factory)))
         return
@@ -98,10 +104,15 @@ class _BuildFailed(Exception):
         self.index, self.error, self.by_factory = index, error, by_factory
 
 
-class _Group:
-    """The envs of one worker, their flows, the shared step buffer and an event loop."""
+class Group:
+    """The envs of one worker, their flows, the shared step buffer and an event loop.
 
-    def __init__(self, fns: Sequence[Callable[[], Any]], first: int, shared_fd: int) -> None:
+    Its requests are written as :data:`GroupFlow` s (``step_flow``, ``call_flow``,
+    ``rebuild_flow``); ``step``, ``call`` and ``rebuild`` run them on the group's own
+    loop, and a Ray actor (``ray.py``) awaits the same flows on its loop.
+    """
+
+    def __init__(self, fns: Sequence[Callable[[], Any]], first: int, shared_fd: int = -1) -> None:
         self.fns, self.first, self.shared_fd = list(fns), first, shared_fd
         self.envs: list[Any] = []
         for j in range(len(self.fns)):
@@ -122,9 +133,10 @@ class _Group:
         self.spaces = (self.envs[0].observation_space, self.envs[0].action_space)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.layout: StepLayout | None = None
-        self.buffer: mmap.mmap | None = None
+        self.buffer: Any = None
         self.arrays: StepArrays | None = None
         self.write_obs: Callable[[int, Any], bool] = lambda i, value: False
+        self.first_row = first  # the row of the group's first env in ``arrays``
 
     def traits(self) -> EnvTraits:
         return EnvTraits.of(self.envs)
@@ -156,13 +168,19 @@ class _Group:
     def attach(self, layout: StepLayout) -> BaseException | None:
         """Map the shared step file, which the parent has sized for ``layout``."""
         try:
-            self.buffer = mmap.mmap(self.shared_fd, layout.nbytes)
+            buffer = mmap.mmap(self.shared_fd, layout.nbytes)
         except (OSError, ValueError) as exc:
             return _portable(exc)
-        self.layout = layout
-        self.arrays = layout.arrays(self.buffer)
-        self.write_obs = layout.observations.writer(self.arrays.observations)
+        self.use_buffer(layout, buffer, self.first)
         return None
+
+    def use_buffer(self, layout: StepLayout, buffer: Any, first_row: int) -> None:
+        """Write transitions into ``buffer`` (laid out by ``layout``) from row ``first_row``."""
+        self.buffer = buffer
+        self.layout = layout
+        self.first_row = first_row
+        self.arrays = layout.arrays(buffer)
+        self.write_obs = layout.observations.writer(self.arrays.observations)
 
     def _shared_actions(self, locals_: Sequence[int]) -> list[Any]:
         """This step's actions of envs ``locals_``, copied out of the shared buffer."""
@@ -187,6 +205,16 @@ class _Group:
         actions: Sequence[Any] | None,
     ) -> StepReply:
         """Step envs ``locals_``: sync envs now, then async envs together."""
+        return self._run(self.step_flow(locals_, mode, reset_first, actions))
+
+    def step_flow(
+        self,
+        locals_: Sequence[int],
+        mode: str,
+        reset_first: Sequence[bool],
+        actions: Sequence[Any] | None,
+    ) -> GroupFlow[StepReply]:
+        """The flow of :meth:`step`."""
         if actions is None:
             actions = self._shared_actions(locals_)
         errors: dict[int, BaseException] = {}
@@ -207,7 +235,7 @@ class _Group:
                 continue
             self._put(j, transition, infos, finals, odd)
         if later:
-            results = self._gather([coro for _, coro in later])
+            results = yield [coro for _, coro in later]
             for (j, _), result in zip(later, results, strict=True):
                 if isinstance(result, BaseException):
                     errors[j] = self._failed(j, result)
@@ -225,7 +253,7 @@ class _Group:
     ) -> None:
         """Write env ``j``'s transition into the shared buffer, or keep it for the reply."""
         obs, reward, terminated, truncated, info, final = transition
-        arrays, i = self.arrays, self.first + j
+        arrays, i = self.arrays, self.first_row + j
         if (
             arrays is not None
             and type(reward) in _NUMBERS
@@ -246,6 +274,10 @@ class _Group:
 
     def call(self, locals_: Sequence[int], op: CallOp) -> list[Outcome]:
         """One call per env of ``locals_``: sync envs now, then async envs together."""
+        return self._run(self.call_flow(locals_, op))
+
+    def call_flow(self, locals_: Sequence[int], op: CallOp) -> GroupFlow[list[Outcome]]:
+        """The flow of :meth:`call`."""
         out: list[Outcome] = [(None, None)] * len(locals_)
         later: list[tuple[int, Any]] = []
         for k, j in enumerate(locals_):
@@ -258,7 +290,7 @@ class _Group:
             except BaseException as exc:
                 out[k] = None, self._failed(j, exc)
         if later:
-            results = self._gather([coro for _, coro in later])
+            results = yield [coro for _, coro in later]
             for (k, _), result in zip(later, results, strict=True):
                 failed = isinstance(result, BaseException)
                 out[k] = (None, self._failed(locals_[k], result)) if failed else (result, None)
@@ -272,20 +304,27 @@ class _Group:
         self.flows[j] = None  # it still expects the failed call's result
         return _portable(error)
 
-    def _gather(self, coros: list[Any]) -> list[Any]:
-        if self.loop is None:
-            self.loop = asyncio.new_event_loop()
-
-        async def everything() -> list[Any]:
-            return await asyncio.gather(*coros, return_exceptions=True)
-
-        return self.loop.run_until_complete(everything())
+    def _run(self, flow: GroupFlow[T]) -> T:
+        """Run a request's flow, its async envs on this group's own loop."""
+        try:
+            coros = next(flow)
+            while True:
+                if self.loop is None:
+                    self.loop = asyncio.new_event_loop()
+                coros = flow.send(self.loop.run_until_complete(gather_outcomes(coros)))
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
 
     def rebuild(self, locals_: Sequence[int]) -> dict[int, BaseException]:
         """Close and rebuild the envs ``locals_``; the errors of those that failed."""
+        return self._run(self.rebuild_flow(locals_))
+
+    def rebuild_flow(self, locals_: Sequence[int]) -> GroupFlow[dict[int, BaseException]]:
+        """The flow of :meth:`rebuild`."""
         errors: dict[int, BaseException] = {}
         for j in locals_:
-            self._close(j)
+            yield from self._close(j)
             self.flows[j] = None
             try:
                 env = self.fns[j]()
@@ -297,18 +336,23 @@ class _Group:
             self.envs[j] = env
         return errors
 
-    def _close(self, j: int) -> None:
+    def _close(self, j: int) -> GroupFlow[None]:
         try:
             result = self.envs[j].close()
-            if asyncio.iscoroutine(result):
-                self._gather([result])
         except Exception:  # the env already failed; its close may well fail too
             return
+        if asyncio.iscoroutine(result):
+            yield [result]  # its error, if any, is ignored too
 
     def close(self) -> None:
         """Release the worker's loop (envs were closed by a ``close`` op, or are lost)."""
         if self.loop is not None:
             self.loop.close()
+
+
+async def gather_outcomes(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Await ``coros`` together; each one's result or exception, in order."""
+    return await asyncio.gather(*coros, return_exceptions=True)
 
 
 def _send(fd: int, message: tuple[int, Any]) -> None:

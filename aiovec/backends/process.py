@@ -524,9 +524,7 @@ class ProcessBackend(Backend):
             f"the worker process hosting env(s) {lost} died; their envs are gone "
             "(reset() or on_error='restart' rebuilds them on a new worker)"
         )
-        error = WorkerDiedError(dict.fromkeys(lost, died), "an earlier call")
-        for i in lost:
-            self._finish(i, None, error)
+        self._fail_gone(lost, died)
 
     def _request(
         self, worker: _Worker, envs: Sequence[int], op: Op, since: float, in_buffer: bool = False

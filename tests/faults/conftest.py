@@ -11,19 +11,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, AwaitFrontEnd, FrontEnd, open_front_end
+from conftest import BACKENDS, HAVE_RAY, AwaitFrontEnd, FrontEnd, open_front_end
 
-import aiovec
 from aiovec.testing import Gate
 from faults.leaks import LeakCheck, pending_tasks
 from faults.scenarios import Once
 
-FAULT_BACKENDS = [*BACKENDS, "ray"]
+FAULT_BACKENDS = [*dict.fromkeys([*BACKENDS, "ray"])]
 
 
 @pytest.fixture(autouse=True)
@@ -32,18 +30,13 @@ def _no_leaks(leak_check: LeakCheck) -> None:
 
 
 def skip_unless_available(backend: str) -> None:
-    """Skip a backend whose optional dependency or implementation is missing."""
-    if backend == "ray":
-        if importlib.util.find_spec("ray") is None:
-            pytest.skip("ray is not installed")
-        try:
-            aiovec.backends.load_backend("ray")
-        except NotImplementedError as exc:
-            pytest.skip(str(exc))
+    """Skip a backend whose optional dependency is missing."""
+    if backend == "ray" and not HAVE_RAY:
+        pytest.skip('ray is not installed (pip install "aiovec[ray]")')
 
 
 @pytest.fixture(params=FAULT_BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
+def backend(request: pytest.FixtureRequest, ray_cluster: Any) -> str:
     name = str(request.param)
     skip_unless_available(name)
     return name

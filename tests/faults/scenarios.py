@@ -36,7 +36,9 @@ from aiovec.testing import (
 )
 
 NUM_ENVS = 4
-NUM_WORKERS = 2  # process backend: envs 0-1 share a worker, and envs 2-3
+NUM_WORKERS = 2  # process and ray backends: envs 0-1 share a worker, and envs 2-3
+# Backends whose workers (processes, Ray actors) each host a contiguous group of envs
+GROUP_BACKENDS = ("process", "ray")
 STEP_TIMEOUT = 0.5  # seconds; only the hanging faults wait for it
 RESET_TIMEOUT = 10.0
 LONG = (50, 50)  # episode lengths that never end within a test
@@ -56,6 +58,7 @@ ALL_SETUPS = SYNC_SETUPS + ASYNC_SETUPS
 # no timeout can fire (that is what backend="thread" is for): no sync hang there.
 HANG_SETUPS = [s for s in ALL_SETUPS if s != ("inline", "sync")]
 PROCESS_SETUPS = [("process", "sync"), ("process", "async")]
+GROUP_SETUPS = [*PROCESS_SETUPS, ("ray", "sync"), ("ray", "async")]
 
 
 def space_env(lengths: tuple[int, int]) -> SpaceEnv:
@@ -140,7 +143,7 @@ class Fault:
         at: Which of its calls fails (``None``: drawn at random per test).
         step: The vector step on which that happens (``None``: ``at``).
         lengths: Episode lengths of every env.
-        whole_worker: On the process backend the worker's other envs fail too.
+        whole_worker: On a group backend the worker's other envs fail too.
         timeout: Needs ``step_timeout``.
         bug: Why aiovec does not yet handle it (the tests are strict xfails).
     """
@@ -167,7 +170,7 @@ class Fault:
 
     def failing(self, env: int, backend: str) -> set[int]:
         """The envs the error must name."""
-        if self.whole_worker and backend == "process":
+        if self.whole_worker and backend in GROUP_BACKENDS:
             return set(worker_group(env))
         return {env}
 
@@ -211,7 +214,7 @@ FAULTS = [
         _killing,
         error=aiovec.WorkerDiedError,
         cause=Exception,
-        setups=tuple(PROCESS_SETUPS),
+        setups=tuple(GROUP_SETUPS),
         whole_worker=True,
     ),
     *(

@@ -32,6 +32,7 @@ from faults.conftest import skip_unless_available
 from faults.scenarios import (
     EPISODE_COUNTERS,
     FAULTS,
+    GROUP_BACKENDS,
     LONG,
     NUM_ENVS,
     NUM_WORKERS,
@@ -66,7 +67,7 @@ class Run:
         self.oracle_fns = list(self.fns)
         self.fns[self.env] = fault.make(self.ctx)
         self.kwargs = fault.kwargs()
-        if backend == "process":
+        if backend in GROUP_BACKENDS:
             self.kwargs["num_workers"] = NUM_WORKERS
         self.gates = gates
         self._oracle: SyncVectorEnv | None = None
@@ -230,7 +231,9 @@ def test_reset_while_the_env_still_hangs(run, open_venv, fault, backend, flavour
         lock.step(actions_for(step))
 
 
-@pytest.mark.parametrize(("fault", "backend", "flavour"), fault_cases([KILLED]))
+@pytest.mark.parametrize(
+    ("fault", "backend", "flavour"), [c for c in fault_cases([KILLED]) if "process" in c.values]
+)
 def test_a_dead_worker_is_reported_once_not_nested(run, open_venv, fault, backend, flavour):
     r = run(fault, backend, flavour)
     lock = r.open(open_venv, on_error="raise")

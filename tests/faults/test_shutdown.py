@@ -31,7 +31,7 @@ from aiovec._core.lifecycle import State
 from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv, SpaceEnv
 from faults.conftest import skip_unless_available
 from faults.leaks import LeakCheck, checking, pending_tasks
-from faults.scenarios import LONG, NUM_ENVS, actions_for, space_env
+from faults.scenarios import GROUP_BACKENDS, LONG, NUM_ENVS, actions_for, space_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,6 +42,7 @@ WAITING_SETUPS = [
     ("process", "sync"),
     ("process", "async"),
     ("ray", "sync"),
+    ("ray", "async"),
 ]
 ALL_SETUPS = [("inline", "sync"), *WAITING_SETUPS]
 
@@ -75,7 +76,7 @@ async def in_flight(venv: aiovec.AsyncioVectorEnv[Any, Any]) -> asyncio.Task[Any
 
 
 def kwargs_for(backend: str) -> dict[str, Any]:
-    return {"num_workers": 2} if backend == "process" else {}
+    return {"num_workers": 2} if backend in GROUP_BACKENDS else {}
 
 
 async def recovers(venv: aiovec.AsyncioVectorEnv[Any, Any]) -> None:
@@ -183,7 +184,7 @@ class AsyncInterrupting(AsyncHangingEnv):
 
 
 def interrupting(gate: Gate, flavour: str, backend: str) -> Any:
-    if flavour == "async" and backend != "process":
+    if flavour == "async" and backend not in GROUP_BACKENDS:
         return functools.partial(_async_interrupting, gate)
     sync = functools.partial(Interrupting, gate, os.getpid(), threading.main_thread().ident)
     if flavour == "async":

@@ -1,0 +1,560 @@
+"""``backend="ray"``: envs in Ray actors, several envs per actor, on any Ray cluster.
+
+Theory of operation.  The envs are split into W contiguous groups (as the
+process backend splits them), one per Ray actor.  Each actor builds its group
+from the cloudpickled factories into a :class:`~aiovec.backends._worker.Group`,
+the very object a worker process hosts, and runs every request through the
+group's flows (``step_flow``, ``call_flow``, ``rebuild_flow``): the per-env
+rules (autoreset, errors as values) are written once, in the core, and driven
+here.  The actor is an async actor limited to one call at a time, so its calls
+run in order, as a worker process's requests do; the coroutines of async envs
+are awaited together on the actor's own event loop.
+
+``launch`` makes one remote call per actor hosting some of the envs, and turns
+each returned object ref into an asyncio future (``ObjectRef.future`` through
+``asyncio.wrap_future``); its completion calls back on the event loop.  Nothing
+here blocks on ``ray.get`` once the vector env is built (construction has no
+loop, and waits for the actors to report their envs).
+
+A step's reply is the worker's step reply plus the actor's step arrays: the
+group's observations, rewards and flags written in place (``_core/layout.py``),
+returned as one numpy byte array.  The parent copies the rows of the envs
+still waiting into a receive buffer of its own and hands them to the batcher
+as one :class:`~aiovec._core.rows.StepBlock`.  Nothing is shared across nodes.
+
+Each env remembers the request it waits on.  An actor call is not interrupted:
+``cancel`` reports the envs as cancelled at once and forgets their request;
+the late reply is dropped.  An actor that dies (killed, its process or its
+node lost) fails its envs in flight with ``WorkerDiedError`` and leaves all its
+envs *lost*: any later call on them fails the same way at once, until
+``rebuild`` starts a new actor for the group (envs of the group not rebuilt
+stay lost).  ``rebuild`` of an env whose actor is still busy with an
+abandoned call kills and replaces that actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+import cloudpickle
+import numpy as np
+import ray
+import ray.exceptions
+
+from aiovec._core.calls import CLOSE
+from aiovec._core.layout import StepArrays, StepLayout, copy_rows
+from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._core.rows import Rows, StepBlock
+from aiovec._errors import EnvError, WorkerDiedError
+from aiovec.backends._base import Backend, EnvTraits
+from aiovec.backends._worker import (
+    Group,
+    GroupFlow,
+    StepReply,
+    _BuildFailed,
+    _portable,
+    gather_outcomes,
+)
+from aiovec.backends.process import split
+
+__all__ = ("ACTOR_OPTIONS", "RayBackend")
+
+ACTOR_OPTIONS = frozenset(
+    {
+        "num_cpus",
+        "num_gpus",
+        "memory",
+        "resources",
+        "accelerator_type",
+        "scheduling_strategy",
+        "runtime_env",
+        "label_selector",
+    }
+)
+"""The Ray actor options ``backend_options`` may hold (passed to ``.options()``)."""
+
+_DEFAULT_OPTIONS: dict[str, Any] = {
+    # A token share of a CPU: actors that reserve nothing once placed (Ray's
+    # default) all land on one node, whatever the strategy; this spreads them
+    # without ever making one wait for a free CPU.
+    "num_cpus": 0.01,
+    "scheduling_strategy": "SPREAD",
+}
+_CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandoned
+_DEATHS = (ray.exceptions.RayError,)  # of the actor: killed, its process or node gone, ...
+_RAISED = ray.exceptions.RayTaskError  # ... unless the call itself raised (not the envs)
+T = TypeVar("T")
+
+
+async def _drive(flow: GroupFlow[T]) -> T:
+    """Run a group request's flow, awaiting its async envs on this (the actor's) loop."""
+    try:
+        coros = next(flow)
+        while True:
+            coros = flow.send(await gather_outcomes(coros))
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+class _GroupActor:
+    """The Ray actor hosting one group of envs (an async actor: envs may be async)."""
+
+    def __init__(self, factories: bytes, first: int) -> None:
+        self.group: Group | None = None
+        self.raw: np.ndarray | None = None  # the group's step arrays, as bytes
+        try:
+            self.group = Group(cloudpickle.loads(factories), first)
+        except _BuildFailed as failed:
+            self.failed = ("failed", failed.index, _portable(failed.error), failed.by_factory)
+            return
+        observation_space, action_space = self.group.spaces
+        layout = StepLayout.of(observation_space, action_space, len(self.group.envs))
+        if layout is not None:
+            self.raw = np.zeros(layout.nbytes, dtype=np.uint8)
+            self.group.use_buffer(layout, self.raw.data, 0)
+
+    async def ready(self) -> tuple[Any, ...]:
+        """``("ready", traits, node id)`` or ``("failed", index, error, by_factory)``."""
+        if self.group is None:
+            return self.failed
+        return "ready", self.group.traits(), ray.get_runtime_context().get_node_id()
+
+    async def step(
+        self, locals_: Sequence[int], mode: str, reset_first: Sequence[bool], actions: list[Any]
+    ) -> tuple[StepReply, np.ndarray | None]:
+        assert self.group is not None
+        reply = await _drive(self.group.step_flow(locals_, mode, reset_first, actions))
+        return reply, self.raw
+
+    async def call(self, locals_: Sequence[int], op: CallOp) -> list[Any]:
+        assert self.group is not None
+        return await _drive(self.group.call_flow(locals_, op))
+
+    async def rebuild(self, locals_: Sequence[int]) -> dict[int, BaseException]:
+        assert self.group is not None
+        return await _drive(self.group.rebuild_flow(locals_))
+
+
+_RemoteGroup = ray.remote(max_restarts=0, max_concurrency=1)(_GroupActor)
+
+
+class _Actor:
+    """The parent's handle on one actor: its group of envs, its node, whether it lives."""
+
+    __slots__ = ("alive", "group", "handle", "layout", "node_id")
+
+    def __init__(self, handle: Any, group: range) -> None:
+        self.handle, self.group = handle, group
+        self.alive = True
+        self.node_id: str | None = None
+        self.layout: StepLayout | None = None  # of its step arrays
+
+    def describe(self) -> str:
+        where = f" on node {self.node_id}" if self.node_id else ""
+        return f"Ray actor hosting envs {self.group.start}-{self.group.stop - 1}{where}"
+
+
+class _Request:
+    """A remote call in flight: its actor, its envs, when it started, its object ref."""
+
+    __slots__ = ("actor", "envs", "ref", "since")
+
+    def __init__(self, actor: _Actor, envs: Sequence[int], since: float) -> None:
+        self.actor, self.envs, self.since = actor, envs, since
+        self.ref: Any = None
+
+
+class RayBackend(Backend):
+    """Hosts envs in Ray actors; awaits their replies as asyncio futures.
+
+    The program normally connects to its cluster first (``ray.init(address=...)``);
+    if it has not, ``ray.init()`` runs with Ray's defaults (``RAY_ADDRESS``, or a
+    new local instance), as Ray itself would on first use.
+
+    Args:
+        env_fns: The env factories (cloudpickled to the actors).
+        num_workers: How many actors (default: one per CPU of the cluster).
+        limiter: Not used: each actor runs its group's calls itself, as a process
+            worker does.
+        options: Ray actor options for every actor (:data:`ACTOR_OPTIONS`).
+    """
+
+    OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(env_fns, num_workers, limiter, options)
+        if not ray.is_initialized():  # as Ray would on first use: RAY_ADDRESS, or a local one
+            ray.init()
+        self._fns = list(env_fns)
+        self._options = {**_DEFAULT_OPTIONS, **(options or {})}
+        self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
+        count = min(num_workers or _cluster_cpus(), self.num_envs)
+        groups = split(self.num_envs, count)
+        self._owner = [w for w, group in enumerate(groups) for _ in group]
+        self._all = range(self.num_envs)
+        self._waiting_on: list[_Request | None] = [None] * self.num_envs
+        self._stuck: dict[int, _Request] = {}  # env -> its abandoned request still running
+        self._lost: set[int] = set()  # envs whose actor died
+        self._actors: list[_Actor] = []
+        self._receive: StepArrays | None = None  # step rows, copied out of the replies
+        self._finalizer = weakref.finalize(self, _kill_all, self._actors)
+        try:
+            self._actors.extend(self._start(group) for group in groups)
+            refs = [actor.handle.ready.remote() for actor in self._actors]
+            replies = [_ready(a, ref) for a, ref in zip(self._actors, refs, strict=True)]
+            traits = [self._check_ready(a, r) for a, r in zip(self._actors, replies, strict=True)]
+            self.traits = EnvTraits(
+                [space for t in traits for space in t.observation_spaces],
+                [space for t in traits for space in t.action_spaces],
+                traits[0].metadata,
+                traits[0].render_mode,
+            )
+        except BaseException:
+            self.close_now()
+            raise
+        self._spaces = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
+        layout = StepLayout.of(*self._spaces, self.num_envs)
+        if layout is not None:
+            self._receive = layout.arrays(bytearray(layout.nbytes))
+            for actor in self._actors:
+                actor.layout = StepLayout.of(*self._spaces, len(actor.group))
+
+    @property
+    def num_workers(self) -> int:
+        """How many actors host the envs."""
+        return len(self._actors)
+
+    @property
+    def node_ids(self) -> tuple[str | None, ...]:
+        """The Ray node each actor runs on (for diagnostics and tests)."""
+        return tuple(actor.node_id for actor in self._actors)
+
+    @property
+    def actors(self) -> tuple[Any, ...]:
+        """The actor handles (for diagnostics and tests)."""
+        return tuple(actor.handle for actor in self._actors)
+
+    def _new_results(self) -> Rows:
+        return Rows()
+
+    def _start(self, group: range) -> _Actor:
+        try:
+            payload = cloudpickle.dumps([self._fns[i] for i in group])
+        except Exception as exc:
+            raise TypeError(
+                f"env_fns[{group.start}:{group.stop}] cannot be sent to a Ray actor "
+                f"(they must pickle with cloudpickle): {exc}"
+            ) from exc
+        return _Actor(self._remote.remote(payload, group.start), group)
+
+    def _check_ready(self, actor: _Actor, reply: tuple[Any, ...]) -> EnvTraits:
+        """The traits a new actor reported (its node noted), or its construction's error."""
+        if reply[0] == "failed":
+            _, index, error, by_factory = reply
+            if by_factory:
+                raise EnvError({index: error}, f"env_fns[{index}]()") from error
+            raise error
+        _, traits, actor.node_id = reply
+        assert isinstance(traits, EnvTraits)
+        return traits
+
+    # -- running ops -------------------------------------------------------------------
+
+    def launch(self, indices: Sequence[int], op: Op) -> None:
+        """Make one remote call per actor hosting some of ``indices``; returns at once."""
+        loop = asyncio.get_running_loop()
+        since = time.perf_counter()
+        for i in indices:
+            self._mark_waiting(i, since)
+        if indices == self._all and not self._lost:  # each actor gets its whole group
+            for actor in self._actors:
+                self._request(loop, actor, actor.group, op.subset(actor.group), since)
+            return
+        by_actor: dict[int, list[int]] = {}
+        for k, i in enumerate(indices):
+            by_actor.setdefault(self._owner[i], []).append(k)
+        for w, given in by_actor.items():
+            lost = [indices[k] for k in given if indices[k] in self._lost]
+            if lost:
+                self._fail_lost(lost)
+            positions = [k for k in given if indices[k] not in self._lost]
+            if positions:
+                envs = [indices[k] for k in positions]
+                self._request(loop, self._actors[w], envs, op.subset(positions), since)
+
+    def _fail_lost(self, lost: list[int]) -> None:
+        died = RuntimeError(
+            f"the Ray actor hosting env(s) {lost} died; their envs are gone "
+            "(on_error='restart' rebuilds them on a new actor)"
+        )
+        self._fail_gone(lost, died)
+
+    def _request(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        actor: _Actor,
+        envs: Sequence[int],
+        op: Op,
+        since: float,
+    ) -> None:
+        """Call ``op`` for ``envs`` (all hosted by ``actor``); the reply comes to the loop."""
+        first = actor.group.start
+        locals_ = [i - first for i in envs]
+        request = _Request(actor, envs, since)
+        try:
+            if isinstance(op, StepOp):
+                request.ref = actor.handle.step.remote(
+                    locals_, op.mode.value, list(op.reset_first), list(op.actions)
+                )
+            else:
+                request.ref = actor.handle.call.remote(locals_, op)
+        except Exception as exc:  # e.g. an argument that cannot be serialised
+            for i in envs:
+                self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {exc}"))
+            return
+        for i in envs:
+            self._waiting_on[i] = request
+        future = asyncio.wrap_future(_future_of(request.ref), loop=loop)
+        future.add_done_callback(functools.partial(self._deliver, request))
+
+    def _deliver(self, request: _Request, future: asyncio.Future[Any]) -> None:
+        """On the loop: a remote call ended; hand its envs' outcomes over."""
+        waiting_on = self._waiting_on
+        waiting = [i for i in request.envs if waiting_on[i] is request]
+        for i in request.envs:
+            if waiting_on[i] is request:
+                waiting_on[i] = None
+            elif self._stuck.get(i) is request:  # an abandoned call's late outcome: dropped
+                del self._stuck[i]
+        try:
+            reply = future.result()
+        except _RAISED as exc:  # the call itself failed (e.g. a reply that did not serialise)
+            for i in waiting:
+                self._finish(i, None, exc)
+            return
+        except _DEATHS as exc:
+            for i in waiting:  # they were waiting on it: they fail with it
+                waiting_on[i] = request
+            self._on_death(request.actor, exc)
+            return
+        except BaseException as exc:
+            for i in waiting:
+                self._finish(i, None, exc)
+            return
+        if not waiting:
+            return
+        if isinstance(reply, list):
+            outcomes = dict(zip(request.envs, reply, strict=True))
+            for i in waiting:
+                value, error = outcomes[i]
+                self._finish(i, value, error)
+            return
+        self._deliver_step(request, waiting, reply)
+
+    def _deliver_step(
+        self,
+        request: _Request,
+        waiting: list[int],
+        reply: tuple[StepReply, np.ndarray | None],
+    ) -> None:
+        (_, errors, infos, finals, odd), raw = reply
+        first = request.actor.group.start
+        rows: list[int] = []
+        for i in waiting:
+            j = i - first
+            if j in errors:
+                self._finish(i, None, errors[j])
+            elif j in odd:
+                self._finish(i, odd[j], None)
+            else:
+                rows.append(i)
+        if not rows:
+            return
+        layout, receive = request.actor.layout, self._receive
+        assert layout is not None
+        assert receive is not None  # else every env is odd
+        assert raw is not None
+        _copy_step_rows(receive, layout.arrays(raw), rows, first)
+        envs: Sequence[int] = rows
+        if len(rows) == len(request.actor.group):
+            envs = request.actor.group
+        block = StepBlock(
+            envs,
+            receive,
+            {first + j: info for j, info in infos.items()},
+            {first + j: final for j, final in finals.items()},
+        )
+        self._finish_block(block, request.since)
+
+    def _on_death(self, actor: _Actor, cause: BaseException) -> None:
+        """``actor`` died: fail its envs in flight, lose all its envs."""
+        if not actor.alive:
+            self._fail_waiting(actor, cause)
+            return
+        actor.alive = False
+        with contextlib.suppress(Exception):  # if Ray only lost touch with it: it must go
+            ray.kill(actor.handle, no_restart=True)
+        self._lost.update(actor.group)
+        for i in actor.group:
+            self._stuck.pop(i, None)
+        self._fail_waiting(actor, cause)
+
+    def _fail_waiting(self, actor: _Actor, cause: BaseException) -> None:
+        """Fail the envs waiting on ``actor`` (not on the actor that replaced it)."""
+        waiting_on = self._waiting_on
+        waiting = [i for i in actor.group if (r := waiting_on[i]) is not None and r.actor is actor]
+        if not waiting:
+            return
+        for i in waiting:
+            self._waiting_on[i] = None
+        died = RuntimeError(f"the {actor.describe()} died: {cause}")
+        died.__cause__ = cause
+        error = WorkerDiedError(dict.fromkeys(waiting, died), actor.describe())
+        for i in waiting:
+            self._finish(i, None, error)
+
+    def cancel(self, indices: Iterable[int] | None = None) -> None:
+        """Abandon the calls in flight (of ``indices``, or all): actors run them to the end."""
+        for i in list(self.pending if indices is None else self.pending.intersection(indices)):
+            request, self._waiting_on[i] = self._waiting_on[i], None
+            if request is not None:
+                self._stuck[i] = request
+            self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
+
+    # -- rebuilding ------------------------------------------------------------------
+
+    async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
+        """Rebuild envs in their actor; a dead or stuck actor is replaced by a new one."""
+        by_actor: dict[int, list[int]] = {}
+        for i in indices:
+            by_actor.setdefault(self._owner[i], []).append(i)
+        errors: dict[int, BaseException] = {}
+        calls = [self._rebuild_group(w, envs) for w, envs in by_actor.items()]
+        for envs, outcome in zip(
+            by_actor.values(), await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                errors.update(dict.fromkeys(envs, outcome))
+            else:
+                errors.update(outcome)
+        return errors
+
+    async def _rebuild_group(self, w: int, envs: list[int]) -> dict[int, BaseException]:
+        actor = self._actors[w]
+        first = actor.group.start
+        if actor.alive and not any(i in self._stuck for i in actor.group):
+            try:
+                failed = await _future(actor.handle.rebuild.remote([i - first for i in envs]))
+            except _DEATHS as exc:
+                self._on_death(actor, exc)
+            else:
+                return {first + j: error for j, error in failed.items()}
+        if actor.alive:
+            ray.kill(actor.handle, no_restart=True)
+            self._on_death(actor, RuntimeError("killed to be replaced"))
+        new = self._actors[w] = self._start(actor.group)
+        new.layout = actor.layout
+        reply = await _future(new.handle.ready.remote())
+        traits = self._check_ready(new, reply)
+        for i in envs:
+            for kind, space, want in (
+                ("observation_space", traits.observation_spaces[i - first], self._spaces[0]),
+                ("action_space", traits.action_spaces[i - first], self._spaces[1]),
+            ):
+                if space != want:
+                    raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {want}")
+        self._lost.difference_update(envs)
+        return {}
+
+    # -- closing ---------------------------------------------------------------------
+
+    async def aclose(self) -> dict[int, BaseException]:
+        """Close every env still hosted, then kill every actor."""
+        alive = [i for i in range(self.num_envs) if i not in self._lost]
+        try:
+            return await self._close_envs(alive, _CLOSE_TIMEOUT)
+        finally:
+            self._finalizer()
+
+    def close_now(self) -> None:
+        """Without a loop (construction failed): close the envs (best effort), kill the actors."""
+        closes = []
+        for actor in self._actors:
+            local = list(range(len(actor.group)))
+            close = CallOp([CLOSE] * len(local), "close")
+            try:
+                closes.append(actor.handle.call.remote(local, close))
+            except Exception:  # the construction error matters more
+                continue
+        if closes:
+            ray.wait(closes, num_returns=len(closes), timeout=_CLOSE_TIMEOUT)
+        self._finalizer()
+
+
+def _ready(actor: _Actor, ref: Any) -> tuple[Any, ...]:
+    """A new actor's first reply (construction has no loop: this waits on Ray)."""
+    try:
+        reply: tuple[Any, ...] = ray.get(ref)
+    except _DEATHS as exc:
+        died = RuntimeError(
+            f"the {actor.describe()} died as it started: {exc}; can it unpickle the env "
+            "factories? (aiovec and the code that defines them must be importable on every "
+            "node: installed there, or shipped with runtime_env)"
+        )
+        raise WorkerDiedError(dict.fromkeys(actor.group, died), "env_fns[...]()") from exc
+    return reply
+
+
+def _cluster_cpus() -> int:
+    """How many CPUs the Ray cluster has (one actor each, by default)."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _future_of(ref: Any) -> Future[Any]:
+    future: Future[Any] = ref.future()
+    return future
+
+
+def _future(ref: Any) -> asyncio.Future[Any]:
+    """An object ref as an asyncio future of the running loop."""
+    return asyncio.wrap_future(_future_of(ref))
+
+
+def _copy_step_rows(target: StepArrays, source: StepArrays, rows: list[int], first: int) -> None:
+    """Copy env rows ``rows`` (global) of a group's step arrays (rows from ``first``) into place."""
+    if rows[-1] - rows[0] == len(rows) - 1:  # contiguous: slices, no fancy indexing
+        into: slice | list[int] = slice(rows[0], rows[-1] + 1)
+        out: slice | list[int] = slice(rows[0] - first, rows[-1] + 1 - first)
+    else:
+        into, out = rows, [i - first for i in rows]
+    copy_rows(target.observations, source.observations, into, out)
+    for name in ("rewards", "terminations", "truncations"):
+        getattr(target, name)[into] = getattr(source, name)[out]
+
+
+def _kill_all(actors: list[_Actor]) -> None:
+    """Kill every actor still alive (their envs are closed, or abandoned)."""
+    for actor in actors:
+        if actor.alive:
+            actor.alive = False
+            try:
+                ray.kill(actor.handle, no_restart=True)
+            except Exception:  # Ray already shut down: the actor went with it
+                continue

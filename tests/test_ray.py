@@ -1,0 +1,275 @@
+"""backend="ray": placement over raylets, lost nodes and actors, options, the missing extra.
+
+The conformance and fault suites run every scenario on ``backend="ray"`` too;
+this file holds what only Ray has.  Everything runs on the session's local
+cluster of two nodes (``ray_cluster`` in ``conftest.py``); the tests that lose
+a node add one of their own first.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import HAVE_RAY, RAY_NODE
+
+import aiovec
+from aiovec.backends import load_backend
+from aiovec.testing import SpaceEnv
+
+pytestmark = pytest.mark.ray
+
+NUM_ENVS = 4
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason='ray is not installed ("aiovec[ray]")')
+
+
+def fns(count: int = NUM_ENVS) -> list[Any]:
+    return [functools.partial(SpaceEnv, min_len=50, max_len=50) for _ in range(count)]
+
+
+class Counted:
+    """A factory that counts its calls in this process (to show none was made)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> SpaceEnv:
+        self.calls += 1
+        return SpaceEnv()
+
+
+# --------------------------------------------------------------------------- no ray
+
+
+def test_a_missing_ray_says_which_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
+    monkeypatch.delitem(sys.modules, "aiovec.backends.ray", raising=False)
+    factory = Counted()
+    with pytest.raises(ModuleNotFoundError, match=r'pip install "aiovec\[ray\]"'):
+        aiovec.AsyncioVectorEnv([factory] * 2, backend="ray")
+    with pytest.raises(ModuleNotFoundError, match=r"backend='ray' needs ray"):
+        load_backend("ray")
+    assert factory.calls == 0
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "error", "match"),
+    [
+        ("ray", [("num_cpus", 1)], TypeError, "backend_options must be a dict or None"),
+        ("inline", {"num_cpus": 1}, ValueError, "not taken by backend='inline'"),
+        ("ray", {"num_cpu": 1}, ValueError, "unknown option.*num_cpu.*expected some of"),
+    ],
+)
+def test_bad_backend_options_are_refused_before_any_env_is_built(backend, options, error, match):
+    if backend == "ray" and not HAVE_RAY:
+        pytest.skip("ray is not installed")
+    factory = Counted()
+    with pytest.raises(error, match=match):
+        aiovec.AsyncioVectorEnv([factory] * 2, backend=backend, backend_options=options)
+    assert factory.calls == 0
+
+
+@needs_ray
+def test_an_option_ray_refuses_is_refused_before_any_actor_starts(ray_cluster):
+    factory = Counted()
+    with pytest.raises(ValueError, match="num_cpus"):
+        aiovec.BlockingVectorEnv([factory] * 2, backend="ray", backend_options={"num_cpus": -1})
+    assert factory.calls == 0
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@needs_ray
+def test_actors_spread_over_the_raylets_and_give_the_same_results(ray_cluster):
+    import ray
+
+    nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2)
+    oracle = aiovec.BlockingVectorEnv(fns())
+    try:
+        hosts = venv.vector_env._backend.node_ids
+        assert len(set(hosts)) == 2, f"both actors on one raylet: {hosts}"
+        assert set(hosts) <= nodes
+        for got, want in zip(venv.reset(seed=5), oracle.reset(seed=5), strict=True):
+            np.testing.assert_equal(got, want)
+        for step in range(3):
+            actions = (np.arange(NUM_ENVS) + step) % 3
+            for got, want in zip(venv.step(actions), oracle.step(actions), strict=True):
+                np.testing.assert_equal(got, want)
+    finally:
+        venv.close()
+        oracle.close()
+
+
+@pytest.fixture
+def doomed_node(ray_cluster: Any) -> Iterator[tuple[Any, str]]:
+    """A third node of the cluster, with a custom resource ``doomed``; removed at the end."""
+    if ray_cluster is None:
+        pytest.skip("ray is not installed")
+    node = ray_cluster.add_node(**RAY_NODE, resources={"doomed": 4})
+    ray_cluster.wait_for_nodes()
+    try:
+        yield node, node.node_id
+    finally:
+        if node in ray_cluster.worker_nodes:
+            ray_cluster.remove_node(node)
+
+
+@needs_ray
+def test_custom_resources_place_actors_and_a_lost_node_fails_their_envs(ray_cluster, doomed_node):
+    node, node_id = doomed_node
+    options = {"resources": {"doomed": 1}, "num_cpus": 0}
+    venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, backend_options=options)
+    try:
+        assert venv.vector_env._backend.node_ids == (node_id, node_id)
+        venv.reset(seed=1)
+        venv.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        venv.send(np.zeros(NUM_ENVS, dtype=np.int64))  # in flight while the node goes
+        ray_cluster.remove_node(node)
+        with pytest.raises(aiovec.WorkerDiedError) as info:
+            venv.recv(min_envs=NUM_ENVS)
+        named = set(info.value.errors)
+        assert named in ({0, 1}, {2, 3}, {0, 1, 2, 3}), "whole groups, as they were found dead"
+        first = min(named)
+        assert f"Ray actor hosting envs {first}-{first + 1}" in str(info.value.errors[first])
+        with pytest.raises(aiovec.WorkerDiedError) as again:
+            venv.reset(seed=2)  # both groups are gone: found now, or known since the recv
+        assert set(again.value.errors) == set(range(NUM_ENVS))
+        assert "died; their envs are gone" in str(again.value.errors[first])
+    finally:
+        venv.close()
+
+
+@needs_ray
+def test_under_restart_actors_of_a_lost_node_are_replaced_elsewhere(ray_cluster, doomed_node):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node, node_id = doomed_node
+    there = NodeAffinitySchedulingStrategy(node_id, soft=True)  # elsewhere once it is gone
+    venv = aiovec.BlockingVectorEnv(
+        fns(),
+        backend="ray",
+        num_workers=2,
+        on_error="restart",
+        backend_options={"scheduling_strategy": there},
+    )
+    space = venv.single_observation_space
+    try:
+        assert venv.vector_env._backend.node_ids == (node_id, node_id)
+        venv.reset(seed=1)
+        ray_cluster.remove_node(node)
+        obs, rewards, terminations, truncations, infos = venv.step(np.ones(NUM_ENVS, np.int64))
+        assert truncations.all()
+        assert not terminations.any()
+        assert not rewards.any()
+        assert infos["_error"].all()
+        assert all("rebuilt" in text for text in infos["error"])
+        assert all(space.contains(row) for row in obs)
+        assert node_id not in venv.vector_env._backend.node_ids
+        _, _, _, truncations, _ = venv.step(np.ones(NUM_ENVS, np.int64))
+        assert not truncations.any()
+    finally:
+        venv.close()
+
+
+def kill_and_wait(actor: Any) -> None:
+    """Kill a Ray actor and return once it is dead (``ray.kill`` only asks for it)."""
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    for _ in range(10_000):  # each call answers at once while it lives, then fails
+        try:
+            ray.get(actor.ready.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+    raise AssertionError(f"{actor} still answers after ray.kill")
+
+
+@needs_ray
+def test_a_killed_actor_is_worker_died_then_replaced_under_restart(ray_cluster):
+    for on_error in ("raise", "restart"):
+        venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, on_error=on_error)
+        try:
+            venv.reset(seed=3)
+            first = venv.vector_env._backend.actors[1]
+            kill_and_wait(first)
+            if on_error == "raise":
+                with pytest.raises(aiovec.WorkerDiedError) as info:
+                    venv.step(np.zeros(NUM_ENVS, np.int64))
+                assert set(info.value.errors) == {2, 3}
+                continue
+            _, _, _, truncations, infos = venv.step(np.zeros(NUM_ENVS, np.int64))
+            assert truncations.tolist() == [False, False, True, True]
+            assert infos["_error"].tolist() == [False, False, True, True]
+            assert venv.vector_env._backend.actors[1] != first
+        finally:
+            venv.close()
+
+
+class ImportsNowhereElse:
+    """A factory that cannot be unpickled in any process but the one that made it."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __call__(self) -> SpaceEnv:
+        return SpaceEnv()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state["pid"] != os.getpid():
+            raise ModuleNotFoundError("No module named 'only_on_the_driver'")
+        self.__dict__.update(state)
+
+
+@needs_ray
+def test_an_actor_that_cannot_load_its_factories_is_worker_died_with_a_hint(ray_cluster):
+    fns_ = [SpaceEnv, SpaceEnv, ImportsNowhereElse(), SpaceEnv]
+    with pytest.raises(aiovec.WorkerDiedError, match="importable on every node") as info:
+        aiovec.BlockingVectorEnv(fns_, backend="ray", num_workers=2)
+    assert set(info.value.errors) == {2, 3}
+
+
+class MarksItsClose(SpaceEnv):
+    """Leaves a file in ``directory`` when closed (wherever it runs on this machine)."""
+
+    def __init__(self, directory: str, *args: Any) -> None:
+        super().__init__(*args)
+        self.directory = directory
+
+    def close(self) -> None:
+        with open(os.path.join(self.directory, f"closed-{id(self)}-{os.getpid()}"), "w"):
+            pass
+
+
+@needs_ray
+def test_envs_built_before_a_failed_construction_are_closed_in_their_actors(ray_cluster, tmp_path):
+    from gymnasium import spaces
+
+    directory = str(tmp_path)
+    fns_ = [functools.partial(MarksItsClose, directory)] * 3
+    fns_.append(functools.partial(MarksItsClose, directory, spaces.Discrete(2)))
+    with pytest.raises(ValueError, match="observation"):
+        aiovec.BlockingVectorEnv(fns_, backend="ray", num_workers=2)
+    assert len(os.listdir(directory)) == 4
+
+
+@needs_ray
+def test_close_kills_every_actor(ray_cluster):
+    import ray
+
+    venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2)
+    actors = venv.vector_env._backend.actors
+    venv.reset(seed=0)
+    venv.close()
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ready.remote(), timeout=30)
