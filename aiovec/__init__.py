@@ -1,8 +1,8 @@
 """aiovec: an asyncio-based concurrent vector environment for reinforcement learning.
 
 Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
-:class:`AsyncioVectorEnv` steps all of them together on one event loop, and
-:class:`BlockingVectorEnv` is the same thing as a synchronous
+`AsyncioVectorEnv` steps all of them together on one event loop, and
+`BlockingVectorEnv` is the same thing as a synchronous
 ``gymnasium.vector.VectorEnv``.
 """
 

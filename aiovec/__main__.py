@@ -3,7 +3,7 @@
 ``python -m aiovec demo`` shows in one command why aiovec exists (network envs
 stepped one after another, then together); ``python -m aiovec bench
 MODULE:FACTORY`` measures your own env factory on every backend and says which
-configuration is fastest.  The commands live in :mod:`aiovec._cli`.
+configuration is fastest.  The commands live in `aiovec._cli`.
 """
 
 from __future__ import annotations

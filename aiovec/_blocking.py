@@ -1,7 +1,7 @@
-"""``BlockingVectorEnv``: :class:`AsyncioVectorEnv` as a synchronous gymnasium vector env.
+"""``BlockingVectorEnv``: `AsyncioVectorEnv` as a synchronous gymnasium vector env.
 
 Every method is one line: it runs the same call of one ``AsyncioVectorEnv``
-through one :class:`~aiovec._runner.Runner`.  No rule lives here.
+through one `Runner`.  No rule lives here.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ async def _call(function: Callable[..., Any], *args: Any) -> Any:
 
 
 class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
-    """A ``gymnasium.vector.VectorEnv`` whose calls run an :class:`AsyncioVectorEnv`.
+    """A ``gymnasium.vector.VectorEnv`` whose calls run an `AsyncioVectorEnv`.
 
-    Takes exactly the arguments of :class:`AsyncioVectorEnv` and follows the
+    Takes exactly the arguments of `AsyncioVectorEnv` and follows the
     same rules; it is a drop-in replacement for
     ``gymnasium.vector.SyncVectorEnv`` in synchronous scripts, and works
     inside a running event loop too (Jupyter), where it runs its envs on a
@@ -106,39 +106,39 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
-        """Reset the envs; see :meth:`AsyncioVectorEnv.reset`."""
+        """Reset the envs; see `AsyncioVectorEnv.reset`."""
         return self._runner.run(self.vector_env.reset(seed=seed, options=options))
 
     def step(self, actions: Any) -> StepBatch:
-        """Step the envs; see :meth:`AsyncioVectorEnv.step`."""
+        """Step the envs; see `AsyncioVectorEnv.step`."""
         return self._runner.run(self.vector_env.step(actions))
 
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
-        """Start steps for some envs; see :meth:`AsyncioVectorEnv.send`."""
+        """Start steps for some envs; see `AsyncioVectorEnv.send`."""
         self._runner.run(_call(self.vector_env.send, actions, env_ids))
 
     def recv(self, min_envs: int | None = None, timeout: float | None = None) -> RecvBatch:
-        """Results of sent envs; see :meth:`AsyncioVectorEnv.recv`."""
+        """Results of sent envs; see `AsyncioVectorEnv.recv`."""
         return self._runner.run(self.vector_env.recv(min_envs, timeout))
 
     def render(self) -> tuple[RenderFrame | None, ...]:  # type: ignore[override]
-        """Each env's frame; see :meth:`AsyncioVectorEnv.render`."""
+        """Each env's frame; see `AsyncioVectorEnv.render`."""
         return self._runner.run(self.vector_env.render())
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Call a method on every env; see :meth:`AsyncioVectorEnv.call`."""
+        """Call a method on every env; see `AsyncioVectorEnv.call`."""
         return self._runner.run(self.vector_env.call(name, *args, **kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Read an attribute of every env; see :meth:`AsyncioVectorEnv.get_attr`."""
+        """Read an attribute of every env; see `AsyncioVectorEnv.get_attr`."""
         return self._runner.run(self.vector_env.get_attr(name))
 
     def set_attr(self, name: str, values: Any) -> None:
-        """Set an attribute on every env; see :meth:`AsyncioVectorEnv.set_attr`."""
+        """Set an attribute on every env; see `AsyncioVectorEnv.set_attr`."""
         self._runner.run(self.vector_env.set_attr(name, values))
 
     def latency_stats(self) -> LatencyStats:
-        """Per-env latency of calls that waited; see :meth:`AsyncioVectorEnv.latency_stats`."""
+        """Per-env latency of calls that waited; see `AsyncioVectorEnv.latency_stats`."""
         return self.vector_env.latency_stats()
 
     def close(self, **kwargs: Any) -> None:

@@ -50,11 +50,11 @@ def make(
 
     Args:
         env_id: A gymnasium registry id (``"CartPole-v1"``) or ``EnvSpec``, or a
-            callable building one env (e.g. an :class:`aiovec.AsyncEnv` subclass).
+            callable building one env (e.g. an `aiovec.AsyncEnv` subclass).
         num_envs: How many copies.
-        blocking: Return a :class:`BlockingVectorEnv` instead of an
-            :class:`AsyncioVectorEnv`.
-        backend: Where envs live (see :class:`AsyncioVectorEnv`).
+        blocking: Return a `BlockingVectorEnv` instead of an
+            `AsyncioVectorEnv`.
+        backend: Where envs live (see `AsyncioVectorEnv`).
         wrappers: Callables applied, in order, to each single env.
         **kwargs: ``num_workers``, ``autoreset_mode``, ``step_timeout``,
             ``reset_timeout``, ``on_error`` and ``copy`` go to the vector env; everything else is

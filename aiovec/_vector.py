@@ -62,7 +62,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     Args:
         env_fns: Non-empty sequence of zero-argument callables, each returning
-            an env: an :class:`aiovec.AsyncEnv` (or any object with coroutine
+            an env: an `aiovec.AsyncEnv` (or any object with coroutine
             ``reset``/``step`` and the two spaces) or a ``gymnasium.Env``.
         backend: Where envs live: ``"inline"`` (this event loop; sync envs are
             called directly, async ones awaited together), ``"thread"``
@@ -76,10 +76,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         autoreset_mode: gymnasium's ``AutoresetMode`` (or its string value).
         step_timeout: Seconds an env may take to answer a step (and render,
             call, ...); ``None`` waits forever.  A late env fails with
-            :class:`aiovec.EnvTimeoutError`; its call is cancelled (inline) or
+            `aiovec.EnvTimeoutError`; its call is cancelled (inline) or
             abandoned (thread) and can never deliver stale data.
-        on_error: ``"raise"``: a failing env raises :class:`aiovec.EnvError`.
-            ``"restart"`` (or a :class:`aiovec.RestartPolicy`): a failed env is
+        on_error: ``"raise"``: a failing env raises `aiovec.EnvError`.
+            ``"restart"`` (or a `aiovec.RestartPolicy`): a failed env is
             closed, rebuilt from its factory and reset; its row is the reset
             observation with ``truncated=True``, reward 0 and
             ``infos["error"]``, and every other env's transition is kept.
@@ -197,7 +197,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
+        """Whether `close` was called."""
         return self._life.state is State.CLOSED
 
     @property
@@ -276,8 +276,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Start steps for some envs and return at once (EnvPool's asynchronous mode).
 
         Call it from code running in the event loop; collect the results with
-        :meth:`recv`.  Each env follows the same autoreset and info rules as
-        with :meth:`step`.  Envs still in flight cannot be sent again.
+        `recv`.  Each env follows the same autoreset and info rules as
+        with `step`.  Envs still in flight cannot be sent again.
 
         Args:
             actions: One action per env in ``env_ids``, batched.
@@ -317,7 +317,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         min_envs: int | None = None,
         timeout: float | None = None,  # noqa: ASYNC109  (the contract's; returns what is ready)
     ) -> RecvBatch:
-        """Results of envs started by :meth:`send`, as soon as ``min_envs`` have finished.
+        """Results of envs started by `send`, as soon as ``min_envs`` have finished.
 
         Every env that has finished by then is included (possibly more than
         ``min_envs``); rows are ordered by env index and ``env_ids`` says which

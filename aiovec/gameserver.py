@@ -7,16 +7,16 @@ game runs in a server, and each env is a client paying one round trip per
 ``reset``/``step``, like an env that talks to a remote simulator.  Four small
 layers, the first two pure (no sockets, no event loop):
 
-1. **The game** (:class:`ChaseGame`).  A runner chases a wandering target on a
+1. **The game** (`ChaseGame`).  A runner chases a wandering target on a
    grid.  Everything random comes from the generator handed to ``reset``, so
    the same seed and actions replay the same episodes anywhere.
-   :class:`LocalGameEnv` is the game as a plain ``gymnasium.Env``: the oracle
+   `LocalGameEnv` is the game as a plain ``gymnasium.Env``: the oracle
    that remote envs are checked against.
 2. **The protocol.**  A frame is a 4-byte big-endian length and a UTF-8 JSON
    object with a ``"type"``.  The length is checked against
    ``max_message_bytes`` *before* the body is read; the body is checked
    against a schema table (``_REQUESTS`` on the server, ``_REPLIES`` on the
-   clients).  Anything wrong raises :class:`ProtocolError` naming the problem.
+   clients).  Anything wrong raises `ProtocolError` naming the problem.
    Observations travel as JSON numbers (Python writes the shortest repr that
    round-trips), so float32 values arrive bit-identical::
 
@@ -26,18 +26,18 @@ layers, the first two pure (no sockets, no event loop):
        step   action (int)                      obs, reward, terminated, truncated, info
        error  -                                 message; then the server hangs up
 
-   A :class:`_Session` (one connection's game and generator) turns a decoded
-   request into a reply, or raises :class:`ProtocolError`.
-3. **The server** (:class:`GameServer`).  An ``asyncio.Protocol`` per
+   A `_Session` (one connection's game and generator) turns a decoded
+   request into a reply, or raises `ProtocolError`.
+3. **The server** (`GameServer`).  An ``asyncio.Protocol`` per
    connection on 127.0.0.1, each with its session; no task per connection.
    Each ``reset``/``step`` reply waits ``latency`` (+ seeded ``jitter``)
    seconds in one heap shared by every connection, under one loop timer.  Any protocol error gets an
    ``error`` reply and that connection closed; other sessions never notice.
-   Tests make failures with :meth:`GameServer.drop_all` and
-   :meth:`GameServer.pause_accepting`; :meth:`GameServer.start_in_thread` runs
+   Tests make failures with `GameServer.drop_all` and
+   `GameServer.pause_accepting`; `GameServer.start_in_thread` runs
    the server on its own thread and loop for synchronous code.
-4. **The clients.**  :class:`GameClientEnv` (an :class:`aiovec.AsyncEnv` over
-   asyncio streams) and :class:`BlockingGameClientEnv` (a ``gymnasium.Env``
+4. **The clients.**  `GameClientEnv` (an `aiovec.AsyncEnv` over
+   asyncio streams) and `BlockingGameClientEnv` (a ``gymnasium.Env``
    over a blocking socket) build requests and read replies with the same
    functions; only the moving of bytes differs.  Both connect on the first
    ``reset``.  Any failure in a round trip (an error, a timeout, a
@@ -216,7 +216,7 @@ class ChaseGame:
 
 
 class LocalGameEnv(gymnasium.Env[Obs, np.int64]):
-    """:class:`ChaseGame` as a plain ``gymnasium.Env``: the oracle for the remote envs.
+    """`ChaseGame` as a plain ``gymnasium.Env``: the oracle for the remote envs.
 
     Args:
         size: Side of the grid.
@@ -464,7 +464,7 @@ def _loopback_address(host: str, port: int | None, owner: str) -> tuple[str, int
 
 @dataclasses.dataclass
 class ServerStats:
-    """Counters of a :class:`GameServer` (updated on the server's loop).
+    """Counters of a `GameServer` (updated on the server's loop).
 
     Attributes:
         connections: Connections admitted (refused ones not included).
@@ -486,7 +486,7 @@ class ServerStats:
 
 
 class GameServer:
-    """Host one :class:`ChaseGame` session per TCP connection, on 127.0.0.1 only.
+    """Host one `ChaseGame` session per TCP connection, on 127.0.0.1 only.
 
     Each connection is an ``asyncio.Protocol``: requests are parsed as bytes
     arrive, and every delayed reply waits in one heap shared by all
@@ -598,7 +598,7 @@ class GameServer:
         """Run this server on a new thread with its own event loop (for sync code).
 
         Returns:
-            The started :class:`ServerThread`; call its ``stop()`` (or use it in
+            The started `ServerThread`; call its ``stop()`` (or use it in
             a ``with`` block) to stop the server and join the thread.
         """
         thread = ServerThread(self)
@@ -617,7 +617,7 @@ class GameServer:
         return len(open_)
 
     def pause_accepting(self, *, refuse: bool = False) -> None:
-        """Stop admitting new connections until :meth:`resume_accepting`.
+        """Stop admitting new connections until `resume_accepting`.
 
         Args:
             refuse: ``False`` holds new connections unanswered (clients time
@@ -659,7 +659,7 @@ class GameServer:
 
 
 class _Connection(asyncio.Protocol):
-    """One client's session on a :class:`GameServer`: frames in, replies out (in order)."""
+    """One client's session on a `GameServer`: frames in, replies out (in order)."""
 
     transport: asyncio.Transport
 
@@ -793,9 +793,9 @@ async def _read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | N
 
 
 class ServerThread:
-    """A :class:`GameServer` running on a thread of its own, with its own event loop.
+    """A `GameServer` running on a thread of its own, with its own event loop.
 
-    Made by :meth:`GameServer.start_in_thread`.  Its methods may be called
+    Made by `GameServer.start_in_thread`.  Its methods may be called
     from any other thread; ``stop()`` stops the server and joins the thread.
 
     Args:
@@ -836,15 +836,15 @@ class ServerThread:
             self._thread.join()
 
     def drop_all(self) -> int:
-        """:meth:`GameServer.drop_all`, run on the server's loop."""
+        """`GameServer.drop_all`, run on the server's loop."""
         return self._call(self.server.drop_all)
 
     def pause_accepting(self, *, refuse: bool = False) -> None:
-        """:meth:`GameServer.pause_accepting`, run on the server's loop."""
+        """`GameServer.pause_accepting`, run on the server's loop."""
         self._call(lambda: self.server.pause_accepting(refuse=refuse))
 
     def resume_accepting(self) -> None:
-        """:meth:`GameServer.resume_accepting`, run on the server's loop."""
+        """`GameServer.resume_accepting`, run on the server's loop."""
         self._call(self.server.resume_accepting)
 
     def __enter__(self) -> Self:
@@ -905,7 +905,7 @@ class _ClientSettings:
 
 
 class GameClientEnv(_ClientSettings, AsyncEnv[Obs, np.int64]):
-    """An :class:`aiovec.AsyncEnv` that plays :class:`ChaseGame` on a :class:`GameServer`.
+    """An `aiovec.AsyncEnv` that plays `ChaseGame` on a `GameServer`.
 
     The spaces are known at construction, so a vector env can be built before
     any connection.  The first ``reset`` connects and greets the server; then
@@ -997,7 +997,7 @@ class GameClientEnv(_ClientSettings, AsyncEnv[Obs, np.int64]):
 
 
 class BlockingGameClientEnv(_ClientSettings, gymnasium.Env[Obs, np.int64]):
-    """:class:`GameClientEnv` over a blocking socket: a plain ``gymnasium.Env``.
+    """`GameClientEnv` over a blocking socket: a plain ``gymnasium.Env``.
 
     Same protocol and results; for thread pools and ``gymnasium`` vector envs.
 

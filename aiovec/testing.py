@@ -1,17 +1,17 @@
 """Fake envs for tests, examples and benchmarks (public, usable by third parties).
 
-- :class:`SpaceEnv`: a deterministic sync env over any observation/action space,
+- `SpaceEnv`: a deterministic sync env over any observation/action space,
   with random episode lengths, both kinds of episode end and varied infos.
-- :class:`AsyncTwin`: runs a sync env as an :class:`~aiovec.AsyncEnv` that
+- `AsyncTwin`: runs a sync env as an `AsyncEnv` that
   suspends a random number of times per call, so a batch finishes in random
   order while results stay those of the sync env.
-- :class:`FaultyEnv`: a wrapper that raises on a chosen call.
-- Fault injection for reliability tests: :class:`HangingEnv` /
-  :class:`AsyncHangingEnv` (a call that never answers until a :class:`Gate`
-  opens), :class:`MalformedEnv` (a step result of the wrong shape or type),
-  :class:`KillingEnv` (the worker process dies mid-step), :class:`FlakyEnv`
+- `FaultyEnv`: a wrapper that raises on a chosen call.
+- Fault injection for reliability tests: `HangingEnv` /
+  `AsyncHangingEnv` (a call that never answers until a `Gate`
+  opens), `MalformedEnv` (a step result of the wrong shape or type),
+  `KillingEnv` (the worker process dies mid-step), `FlakyEnv`
   (steps fail at random at a given rate).
-- :class:`TrivialEnv` / :class:`AsyncTrivialEnv`: the cheapest possible envs,
+- `TrivialEnv` / `AsyncTrivialEnv`: the cheapest possible envs,
   to measure a vector env's own overhead.
 """
 
@@ -299,7 +299,7 @@ class TrivialEnv(gymnasium.Env[np.ndarray, np.int64]):
 
 
 class AsyncTrivialEnv(AsyncEnv[np.ndarray, np.int64]):
-    """The async twin of :class:`TrivialEnv`; its coroutines never suspend."""
+    """The async twin of `TrivialEnv`; its coroutines never suspend."""
 
     observation_space = TrivialEnv.observation_space
     action_space = TrivialEnv.action_space
@@ -323,10 +323,10 @@ class Gate:
     """A switch that envs wait on, from any thread or process, until it is released.
 
     A test makes a gate, hands it to envs (it pickles: it is two paths, so an
-    env in a worker process can wait on it) and calls :meth:`release` when the
+    env in a worker process can wait on it) and calls `release` when the
     "server" should answer again.  It is a named pipe and a marker file in
     ``directory``: a waiter opens the pipe without blocking and waits until the
-    pipe hangs up, which happens when :meth:`release` opens and closes its
+    pipe hangs up, which happens when `release` opens and closes its
     write end; the marker makes a wait that starts after the release return at
     once.  No thread, no polling.  POSIX only (``os.mkfifo``).
 
@@ -342,7 +342,7 @@ class Gate:
 
     @property
     def released(self) -> bool:
-        """Whether :meth:`release` was called."""
+        """Whether `release` was called."""
         return os.path.exists(self._marker)
 
     @contextlib.contextmanager
@@ -401,7 +401,7 @@ class HangingEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
 
     The blocked call then goes on normally; every other call works.  Run it on
     the thread or process backend: on the inline backend a blocked sync env
-    blocks the event loop itself (use :class:`AsyncHangingEnv` there).
+    blocks the event loop itself (use `AsyncHangingEnv` there).
 
     Args:
         env: The env to wrap.
@@ -450,7 +450,7 @@ class HangingEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
 
 
 class AsyncHangingEnv(AsyncEnv[Any, Any]):
-    """The async :class:`HangingEnv`: the chosen call awaits ``gate`` (and can be cancelled).
+    """The async `HangingEnv`: the chosen call awaits ``gate`` (and can be cancelled).
 
     Other calls run the wrapped sync env at once, so results are the wrapped
     env's.  Attribute reads fall through to the wrapped env.
@@ -503,7 +503,7 @@ class AsyncHangingEnv(AsyncEnv[Any, Any]):
 
 
 MALFORMED = ("obs-shape", "obs-dtype", "reward", "flag", "info", "arity")
-"""The kinds of broken step result :class:`MalformedEnv` returns."""
+"""The kinds of broken step result `MalformedEnv` returns."""
 
 
 def _malformed(kind: str, result: tuple[Any, ...]) -> Any:
@@ -526,7 +526,7 @@ def _malformed(kind: str, result: tuple[Any, ...]) -> Any:
 class MalformedEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
     """The ``at``-th step returns a malformed result (a buggy env or a garbled reply).
 
-    Kinds (:data:`MALFORMED`): ``"obs-shape"`` (an observation with one axis
+    Kinds (`MALFORMED`): ``"obs-shape"`` (an observation with one axis
     too many), ``"obs-dtype"`` (text where numbers belong), ``"reward"``
     (``None``), ``"flag"`` (``terminated`` is the string ``"no"``), ``"info"``
     (a list of pairs instead of a dict), ``"arity"`` (four values, the old gym

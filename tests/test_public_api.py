@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pathlib
 import pickle
+import re
 import subprocess
 import sys
 
@@ -126,3 +128,16 @@ def test_both_front_ends_take_exactly_the_same_arguments():
         ]
 
     assert parameters(aiovec.BlockingVectorEnv) == parameters(aiovec.AsyncioVectorEnv)
+
+
+def test_docstrings_are_markdown_not_sphinx():
+    """The API reference renders docstrings as Markdown: a Sphinx role would show literally."""
+    role = re.compile(r":(?:class|meth|func|attr|data|exc|mod|obj):`")
+    package = pathlib.Path(aiovec.__file__).parent
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if role.search(line)
+    ]
+    assert not found, f"Sphinx roles in docstrings (write `name` instead): {found}"

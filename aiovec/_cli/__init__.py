@@ -1,11 +1,11 @@
 """aiovec's command line: ``python -m aiovec demo`` and ``python -m aiovec bench``.
 
-- :mod:`~aiovec._cli.demo`: network envs on the loopback game server, stepped
+- `demo`: network envs on the loopback game server, stepped
   one after another (as ``gymnasium.vector.SyncVectorEnv`` does) and through
   both of aiovec's front ends; a table of the speed-up.
-- :mod:`~aiovec._cli.bench`: a user's env factory on every backend and several
+- `bench`: a user's env factory on every backend and several
   sizes; a table, a recommendation and optionally a plot.
-- :mod:`~aiovec._cli.report`: what both share: per-step timings, plain-text
+- `report`: what both share: per-step timings, plain-text
   tables and a progress bar on stderr.
 
 Nothing here is public API except the commands themselves.

@@ -9,7 +9,7 @@ Theory of operation
    travel *by value*, so worker processes need not be able to import it.
 2. **Probe**: the factory is called once, here, and what it returns is checked
    to be an env (sync or async) and closed.  Anything wrong so far is one
-   paragraph (:class:`FactoryError`) naming the factory, what went wrong and
+   paragraph (`FactoryError`) naming the factory, what went wrong and
    what a factory must be; ``--traceback`` adds the traceback.
 3. **Plan** one configuration per backend x ``num_envs`` (x ``num_workers`` for
    ``process``).  A backend that cannot run here (``thread`` for async envs, a

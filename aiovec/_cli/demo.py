@@ -2,19 +2,19 @@
 
 Theory of operation
 -------------------
-The demo starts :class:`aiovec.gameserver.GameServer` on a thread of its own
+The demo starts `aiovec.gameserver.GameServer` on a thread of its own
 (a loopback TCP server that answers every ``reset``/``step`` after
 ``latency`` seconds, plus seeded jitter): it stands in for a remote simulator
 or a game client.  N envs are its clients, one connection each, and the same
 N envs are stepped three ways, with the same seeded random actions:
 
 (a) one after another, as ``gymnasium.vector.SyncVectorEnv`` does, over the
-    blocking client :class:`~aiovec.gameserver.BlockingGameClientEnv`: a
+    blocking client `BlockingGameClientEnv`: a
     vector step costs N round trips;
-(b) through :class:`aiovec.BlockingVectorEnv` (no ``await`` in sight);
-(c) through :class:`aiovec.AsyncioVectorEnv` with ``await``.
+(b) through `aiovec.BlockingVectorEnv` (no ``await`` in sight);
+(c) through `aiovec.AsyncioVectorEnv` with ``await``.
 
-(b) and (c) run the async client :class:`~aiovec.gameserver.GameClientEnv`
+(b) and (c) run the async client `GameClientEnv`
 on the chosen backend (``inline`` or ``process``), or the blocking client on
 ``thread``.  Every vector step is timed on its own; the table shows
 env-steps per second, the p50/p99 of a vector step and the speed-up over (a).

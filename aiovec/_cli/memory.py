@@ -2,8 +2,8 @@
 
 A backend's cost in memory is the sum over the processes it runs: worker
 processes (and a forkserver, if one was started) are descendants of this
-process, not part of its own RSS.  :func:`tree_rss` walks ``/proc`` for the
-descendants and adds their resident sets; :class:`PeakMemory` keeps the largest
+process, not part of its own RSS.  `tree_rss` walks ``/proc`` for the
+descendants and adds their resident sets; `PeakMemory` keeps the largest
 sum seen while it is sampled.  Where ``/proc`` does not exist the figures are
 unknown (``None``), never guessed.
 """
@@ -54,10 +54,10 @@ def tree_rss(root: int | None = None) -> int | None:
 
 
 class PeakMemory:
-    """The largest :func:`tree_rss` seen, sampled at most every ``interval`` seconds.
+    """The largest `tree_rss` seen, sampled at most every ``interval`` seconds.
 
     Args:
-        interval: Seconds between samples taken by :meth:`maybe_sample`.
+        interval: Seconds between samples taken by `maybe_sample`.
     """
 
     def __init__(self, interval: float = 0.25) -> None:

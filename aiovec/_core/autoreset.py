@@ -1,7 +1,7 @@
 """Which envs an autoreset concerns, across vector steps (per-vector-env state).
 
 The per-env part of the rule (what one env does within a step) is
-:func:`aiovec._core.calls.step_flow`; this module keeps what must be
+`aiovec._core.calls.step_flow`; this module keeps what must be
 remembered between steps: which envs ended on their last step.
 """
 

@@ -3,7 +3,7 @@
 Observations are concatenated with ``gymnasium.vector.utils.concatenate``,
 actions split with ``iterate``, and infos merged one key at a time into
 exactly what gymnasium's own ``VectorEnv._add_info`` gives env by env
-(:mod:`aiovec._core.infos`), so the batched form is gymnasium's.
+(`aiovec._core.infos`), so the batched form is gymnasium's.
 """
 
 from __future__ import annotations

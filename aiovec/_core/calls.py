@@ -4,7 +4,7 @@ A *call* is one method invocation on one env (``Reset``, ``STEP``, ...).  A
 *flow* is a generator that yields calls and receives their results, giving
 the env's part of a vector step; any driver can push it (inline with
 ``await``, a worker process in a loop, a thread).  Autoreset lives in
-:func:`step_flow`, once, for every backend.  Every other vector call is a
+`step_flow`, once, for every backend.  Every other vector call is a
 single call per env and needs no flow.
 
 ``STEP`` carries no action: the driver steps the env with the one action it was
@@ -139,7 +139,7 @@ def step_flow(mode: AutoresetMode) -> Generator[EnvCall | Transition | None, Any
 
 
 def new_step_flow(mode: AutoresetMode) -> Generator[EnvCall | Transition | None, Any, None]:
-    """A primed :func:`step_flow`, ready for ``send(reset_first)``."""
+    """A primed `step_flow`, ready for ``send(reset_first)``."""
     flow = step_flow(mode)
     next(flow)
     return flow

@@ -3,7 +3,7 @@
 gymnasium's ``VectorEnv._add_info`` merges one env's info into the batch at a
 time: per env and key it looks the key up, picks or makes its array and mask,
 and assigns one element (~2.3 us an env for a two-key info, the largest part
-of a cheap waiting env-step).  :func:`merge_infos` builds each key's array and
+of a cheap waiting env-step).  `merge_infos` builds each key's array and
 ``_key`` mask once for all the envs that have it, and gives exactly
 ``_add_info``'s result, applied env by env in the order given:
 
@@ -82,7 +82,7 @@ def merge_infos_one_by_one(num_envs: int, entries: Sequence[Entry]) -> dict[str,
 
 
 def _merge_level(num_envs: int, entries: Sequence[Entry]) -> dict[str, Any]:
-    """One level of (possibly nested) infos; raises :class:`_Irregular` to fall back."""
+    """One level of (possibly nested) infos; raises `_Irregular` to fall back."""
     by_key = _columns(entries)
     merged: dict[str, Any] = {}
     for key, (rows, values) in by_key.items():
@@ -102,7 +102,7 @@ def _merge_level(num_envs: int, entries: Sequence[Entry]) -> dict[str, Any]:
 def _columns(entries: Sequence[Entry]) -> dict[str, tuple[list[int], list[Any]]]:
     """Per key, in order of first appearance: the rows that have it, and their values.
 
-    Each key's rows come out strictly ascending (else :class:`_Irregular`).
+    Each key's rows come out strictly ascending (else `_Irregular`).
     """
     rows, infos = zip(*entries, strict=True)
     keys = infos[0].keys()

@@ -9,13 +9,13 @@ copies rows out.  The buffer itself (and who owns it) is the backend's business.
 
 Only spaces whose batch is made of fixed-shape numpy arrays are laid out:
 ``Box``, ``Discrete``, ``MultiDiscrete``, ``MultiBinary``, and ``Dict``/``Tuple``
-of them; :meth:`Layout.of` returns ``None`` for any other space, and its values
+of them; `Layout.of` returns ``None`` for any other space, and its values
 travel by message.  The array of each leaf is what gymnasium's
 ``create_empty_array`` makes for that space (same shape, same dtype).
 
 A row is written only when the value fits exactly (an ndarray of the leaf's
 shape and dtype, an integer for ``Discrete``); anything else makes
-:meth:`Layout.write` return ``False``, and the caller sends the value by message
+`Layout.write` return ``False``, and the caller sends the value by message
 instead, where the usual batching rules (and their errors) apply.  Shared memory
 is a fast path, never a second set of rules.
 """
@@ -296,7 +296,7 @@ class StepLayout(NamedTuple):
 
 
 class StepArrays(NamedTuple):
-    """Numpy views of a :class:`StepLayout` on one buffer."""
+    """Numpy views of a `StepLayout` on one buffer."""
 
     observations: Any
     actions: Any

@@ -4,7 +4,7 @@ An op covers the envs of one vector call, in the order of the ``indices`` it is
 launched with: entry ``k`` of its lists belongs to the ``k``-th of them.  A
 process or Ray backend slices an op per worker with ``subset``.
 
-A ``StepOp`` is run through each env's :func:`~aiovec._core.calls.step_flow`;
+A ``StepOp`` is run through each env's `step_flow`;
 a ``CallOp`` is one call per env.  Ops are immutable named tuples: one is
 built per vector call, and a frozen dataclass costs three times as much.
 """

@@ -1,16 +1,16 @@
 """``on_error="restart"``: the policy, and the bookkeeping that enforces its limits.
 
-Pure: the caller passes the time in.  The vector env asks :class:`RestartBook`
+Pure: the caller passes the time in.  The vector env asks `RestartBook`
 whether an env may be restarted once more, and follows
-:meth:`RestartPolicy.delays` between attempts to rebuild and reset it.
+`RestartPolicy.delays` between attempts to rebuild and reset it.
 
 The limit (ML-Agents' model): at most ``max_restarts`` restarts of one env
 within any ``window`` seconds; the failure that would be one more raises
 instead.  Each env has its own budget; a restart leaves the window
 ``window`` seconds after it happened.  When several envs fail in one step and
 one of them is over its limit, the step raises and restarts none of them, so
-none of them should be charged: check every env with :meth:`RestartBook.may_restart`
-first, then :meth:`RestartBook.record` the restarts that really happen.
+none of them should be charged: check every env with `RestartBook.may_restart`
+first, then `RestartBook.record` the restarts that really happen.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class RestartPolicy:
     ``attempts`` times in all.  One env is restarted at most ``max_restarts``
     times within any ``window`` seconds: a failure that would need one more
     restart is taken for a crash loop, and the step raises
-    :class:`aiovec.EnvError` instead, so a dead server fails loudly.  Each env
+    `aiovec.EnvError` instead, so a dead server fails loudly.  Each env
     has a budget of its own.
 
     Attributes:

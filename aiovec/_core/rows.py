@@ -1,10 +1,10 @@
 """Rows: the step results of a vector call, per env or in blocks.
 
 Backends hand the vector env a mapping from env index to that env's
-:data:`~aiovec._core.calls.Transition`.  A worker process writes its envs'
+`Transition`.  A worker process writes its envs'
 transitions into shared arrays and answers with one message, so its results
-arrive as a :class:`StepBlock`: the arrays plus the few infos that were not
-empty.  :class:`Rows` is a mapping over both kinds: an env's transition is built
+arrive as a `StepBlock`: the arrays plus the few infos that were not
+empty.  `Rows` is a mapping over both kinds: an env's transition is built
 only when someone asks for it (a copy, never a view of the shared arrays), and
 the batcher can copy whole blocks at once when every env came in one.
 """

@@ -285,7 +285,7 @@ _KINDS: dict[type[spaces.Space[Any]], tuple[str, str]] = {
 
 
 def check_actions(space: spaces.Space[Any], actions: object, num_envs: int, path: str) -> None:
-    """Check a batch of actions against the *single* action space (see :func:`action_checker`)."""
+    """Check a batch of actions against the *single* action space (see `action_checker`)."""
     action_checker(space, num_envs, path)(actions)
 
 

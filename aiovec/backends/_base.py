@@ -61,9 +61,9 @@ class EnvTraits:
 class Backend(abc.ABC):
     """Hosts envs and runs ops on them; outcomes are collected through the loop.
 
-    Subclasses implement :meth:`launch`, :meth:`cancel` and :meth:`aclose`, and
-    report each env's outcome with :meth:`_finish` (which wakes a waiting
-    :meth:`collect`).
+    Subclasses implement `launch`, `cancel` and `aclose`, and
+    report each env's outcome with `_finish` (which wakes a waiting
+    `collect`).
     """
 
     traits: EnvTraits
@@ -77,7 +77,7 @@ class Backend(abc.ABC):
         limiter: anyio.CapacityLimiter | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        """Subclasses that take no :attr:`OPTIONS` leave ``options`` out of their signature."""
+        """Subclasses that take no `OPTIONS` leave ``options`` out of their signature."""
         self.num_envs = len(env_fns)
         self.limiter = limiter
         self.latency = LatencyBook(self.num_envs)
@@ -95,7 +95,7 @@ class Backend(abc.ABC):
 
     @property
     def lost(self) -> frozenset[int]:
-        """Envs that are gone (their worker died) until :meth:`rebuild` replaces them."""
+        """Envs that are gone (their worker died) until `rebuild` replaces them."""
         return frozenset()
 
     @abc.abstractmethod

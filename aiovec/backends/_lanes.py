@@ -40,7 +40,7 @@ __all__ = ("PENDING", "Lanes")
 
 _FRESH = object()  # marks a coroutine the lane must start itself
 PENDING: Any = object()
-"""Returned by :meth:`Lanes.start` for a coroutine that suspended."""
+"""Returned by `Lanes.start` for a coroutine that suspended."""
 
 OnDone = Callable[[int, Any, BaseException | None], None]
 
@@ -59,11 +59,11 @@ class Lanes:
         """Drive ``coro`` eagerly on env ``i``'s lane.
 
         Must be called from code running in the event loop, between
-        :meth:`enter` and :meth:`leave`.
+        `enter` and `leave`.
 
         Returns:
             The coroutine's value when it finished eagerly (its exception
-            propagates), else :data:`PENDING`: it carries on in the lane and
+            propagates), else `PENDING`: it carries on in the lane and
             its outcome arrives through ``on_done``.
         """
         task = self._tasks[i]

@@ -9,7 +9,7 @@ requests, in order, one reply per request (``locals`` are positions in the
 group):
 
 - ``(seq, STEP, locals, mode, reset_first, actions)``: step those envs through
-  their own :func:`~aiovec._core.calls.step_flow` (kept here, so ``SAME_STEP``
+  their own `step_flow` (kept here, so ``SAME_STEP``
   autoreset costs no extra round trip).  ``actions is None`` means "read them
   from the shared step buffer".  Each transition goes into the shared buffer
   when it fits it exactly; the reply ``(seq, (STEP, errors, infos, finals,
@@ -107,7 +107,7 @@ class _BuildFailed(Exception):
 class Group:
     """The envs of one worker, their flows, the shared step buffer and an event loop.
 
-    Its requests are written as :data:`GroupFlow` s (``step_flow``, ``call_flow``,
+    Its requests are written as `GroupFlow` s (``step_flow``, ``call_flow``,
     ``rebuild_flow``); ``step``, ``call`` and ``rebuild`` run them on the group's own
     loop, and a Ray actor (``ray.py``) awaits the same flows on its loop.
     """
@@ -214,7 +214,7 @@ class Group:
         reset_first: Sequence[bool],
         actions: Sequence[Any] | None,
     ) -> GroupFlow[StepReply]:
-        """The flow of :meth:`step`."""
+        """The flow of `step`."""
         if actions is None:
             actions = self._shared_actions(locals_)
         errors: dict[int, BaseException] = {}
@@ -277,7 +277,7 @@ class Group:
         return self._run(self.call_flow(locals_, op))
 
     def call_flow(self, locals_: Sequence[int], op: CallOp) -> GroupFlow[list[Outcome]]:
-        """The flow of :meth:`call`."""
+        """The flow of `call`."""
         out: list[Outcome] = [(None, None)] * len(locals_)
         later: list[tuple[int, Any]] = []
         for k, j in enumerate(locals_):
@@ -321,7 +321,7 @@ class Group:
         return self._run(self.rebuild_flow(locals_))
 
     def rebuild_flow(self, locals_: Sequence[int]) -> GroupFlow[dict[int, BaseException]]:
-        """The flow of :meth:`rebuild`."""
+        """The flow of `rebuild`."""
         errors: dict[int, BaseException] = {}
         for j in locals_:
             yield from self._close(j)

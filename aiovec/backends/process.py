@@ -18,7 +18,7 @@ copies the batch of actions into it at once; each worker reads its rows, steps
 its envs and writes observations, rewards and flags into its rows, and answers
 with one small message holding only the infos that were not empty (and
 whatever did not fit the buffer exactly, which is then batched by the usual
-rules).  Its envs' results come back as one :class:`~aiovec._core.rows.StepBlock`,
+rules).  Its envs' results come back as one `StepBlock`,
 which the batcher copies out of the buffer at once.  Other calls (reset,
 render, ...) and spaces that cannot be laid out travel pickled.
 
@@ -32,7 +32,7 @@ not rebuilt stay lost; the vector env's ``reset()`` rebuilds the lost envs it
 resets, a restart those that failed).  ``rebuild`` of an env whose worker is still busy with
 an abandoned call kills and replaces that worker (it might never answer).
 
-The start method is :data:`START_METHOD`; with ``"forkserver"`` the server
+The start method is `START_METHOD`; with ``"forkserver"`` the server
 preloads aiovec, so a worker starts in milliseconds.
 """
 
@@ -233,7 +233,7 @@ class ProcessBackend(Backend):
 
     @property
     def lost(self) -> frozenset[int]:
-        """Envs whose worker died, until :meth:`rebuild` starts a new one for them."""
+        """Envs whose worker died, until `rebuild` starts a new one for them."""
         return frozenset(self._lost)
 
     @property

@@ -2,7 +2,7 @@
 
 Theory of operation.  The envs are split into W contiguous groups (as the
 process backend splits them), one per Ray actor.  Each actor builds its group
-from the cloudpickled factories into a :class:`~aiovec.backends._worker.Group`,
+from the cloudpickled factories into a `Group`,
 the very object a worker process hosts, and runs every request through the
 group's flows (``step_flow``, ``call_flow``, ``rebuild_flow``): the per-env
 rules (autoreset, errors as values) are written once, in the core, and driven
@@ -20,7 +20,7 @@ A step's reply is the worker's step reply plus the actor's step arrays: the
 group's observations, rewards and flags written in place (``_core/layout.py``),
 returned as one numpy byte array.  The parent copies the rows of the envs
 still waiting into a receive buffer of its own and hands them to the batcher
-as one :class:`~aiovec._core.rows.StepBlock`.  Nothing is shared across nodes.
+as one `StepBlock`.  Nothing is shared across nodes.
 
 Each env remembers the request it waits on.  An actor call is not interrupted:
 ``cancel`` reports the envs as cancelled at once and forgets their request;
@@ -185,7 +185,7 @@ class RayBackend(Backend):
         num_workers: How many actors (default: one per CPU of the cluster).
         limiter: Not used: each actor runs its group's calls itself, as a process
             worker does.
-        options: Ray actor options for every actor (:data:`ACTOR_OPTIONS`).
+        options: Ray actor options for every actor (`ACTOR_OPTIONS`).
     """
 
     OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS

@@ -1,6 +1,6 @@
 """Adapters to other RL libraries' vector env APIs (each needs its optional extra).
 
-- :mod:`aiovec.compat.sb3`: an aiovec vector env as a Stable-Baselines3
+- `aiovec.compat.sb3`: an aiovec vector env as a Stable-Baselines3
   ``VecEnv`` (``pip install "aiovec[sb3]"``).
 
 Nothing is imported here: ``import aiovec.compat`` never loads a third-party library.

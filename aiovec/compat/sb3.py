@@ -15,7 +15,7 @@ adapter translates each and keeps no rule of its own:
    step returns the new episode's first observation, the last one travels in
    ``infos[i]["terminal_observation"]`` and the reset's info lands in
    ``reset_infos[i]``.  That is gymnasium's ``SAME_STEP`` mode, so the adapter
-   requires it (:func:`make_sb3_env` sets it) and moves ``final_obs`` and
+   requires it (`make_sb3_env` sets it) and moves ``final_obs`` and
    ``final_info`` to where SB3 wants them.
 2. **Results.**  ``dones = terminations | truncations``; rewards are float32
    (as ``DummyVecEnv``'s); ``infos`` is a list of one dict per env (gymnasium's
@@ -32,8 +32,8 @@ adapter translates each and keeps no rule of its own:
    Reads (``get_attr``, ``env_is_wrapped``) accept any subset; ``set_attr`` and
    ``env_method`` refuse a strict subset rather than touch envs they should not.
 
-An :class:`aiovec.AsyncioVectorEnv` is driven through the runner that
-:class:`aiovec.BlockingVectorEnv` uses: SB3 is synchronous code.
+An `aiovec.AsyncioVectorEnv` is driven through the runner that
+`aiovec.BlockingVectorEnv` uses: SB3 is synchronous code.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ _FINAL = ("final_obs", "final_info")
 
 
 def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecEnv:
-    """Build a :class:`aiovec.BlockingVectorEnv` in ``SAME_STEP`` mode and wrap it for SB3.
+    """Build a `aiovec.BlockingVectorEnv` in ``SAME_STEP`` mode and wrap it for SB3.
 
     Args:
-        env_fns: Env factories, as for :class:`aiovec.BlockingVectorEnv`.
-        **kwargs: Any other argument of :class:`aiovec.BlockingVectorEnv`
+        env_fns: Env factories, as for `aiovec.BlockingVectorEnv`.
+        **kwargs: Any other argument of `aiovec.BlockingVectorEnv`
             (``backend``, ``step_timeout``, ``on_error``, ...), except
             ``autoreset_mode``.
 
@@ -112,7 +112,7 @@ class SB3VecEnv(VecEnv):
     """An aiovec vector env as a Stable-Baselines3 ``VecEnv``.
 
     Args:
-        venv: An :class:`aiovec.BlockingVectorEnv` or :class:`aiovec.AsyncioVectorEnv`
+        venv: An `aiovec.BlockingVectorEnv` or `aiovec.AsyncioVectorEnv`
             built with ``autoreset_mode=AutoresetMode.SAME_STEP`` (an
             ``AsyncioVectorEnv`` not yet used on another event loop).  The
             adapter owns it from now on: ``close()`` closes it.
@@ -169,7 +169,7 @@ class SB3VecEnv(VecEnv):
         self._sent = True
 
     def step_wait(self) -> VecEnvStepReturn:
-        """Wait for the step started by :meth:`step_async` (aiovec's ``recv``)."""
+        """Wait for the step started by `step_async` (aiovec's ``recv``)."""
         self._sent = False
         obs, rewards, terminations, truncations, infos, _ids = self._do("recv")
         dones = terminations | truncations
