@@ -95,13 +95,6 @@ class RestartBook:
         for i in indices:
             self._recent(i, now).append(now)
 
-    def allow(self, i: int, now: float) -> bool:
-        """Record a restart of env ``i`` at ``now``, unless it exceeds the limit."""
-        if not self.may_restart(i, now):
-            return False
-        self.record((i,), now)
-        return True
-
 
 def describe_failure(error: BaseException, operation: str) -> str:
     """The text a restarted env's ``infos["error"]`` carries."""
