@@ -16,7 +16,12 @@ Two strategies, chosen once, when the runner is made:
     batch of observations).  Ctrl-C, however it arrives (the default handler
     raising ``KeyboardInterrupt`` out of the loop, or an env raising it),
     cancels that task and lets it unwind before ``KeyboardInterrupt``
-    propagates, so nothing is orphaned.  The fast path runs only on the
+    propagates, so nothing is orphaned.  While the loop runs in the main
+    thread, the runner's `_SignalWakeup` is the process's signal wakeup fd: a
+    SIGINT that hits another thread (an env's), or lands just before the loop
+    sleeps in ``epoll_wait``, still wakes the loop at once (CPython runs the
+    Python-level handler only in the main thread, when it next runs bytecode).
+    The fast path runs only on the
     default loop, whose clock is ``time.monotonic``: uvloop caches its clock
     between iterations, so timers started outside it can fire early.
 
@@ -30,7 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar, cast
 
 from aiovec._errors import ClosedError
@@ -54,6 +63,7 @@ class Runner:
         self._portal_cm: contextlib.AbstractContextManager[Any] | None = None
         self._runner: asyncio.Runner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: _SignalWakeup | None = None
         self._closed = False
         if asyncio._get_running_loop() is not None:
             from anyio.from_thread import start_blocking_portal  # noqa: PLC0415  (only if needed)
@@ -97,9 +107,11 @@ class Runner:
     def _run_on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` as a task; Ctrl-C (or any escape) cancels it and lets it unwind."""
         loop = self._loop or self._first_loop()
+        wakeup = self._signal_wakeup(loop)
         task = loop.create_task(coro)
-        try:
-            return loop.run_until_complete(task)
+        try:  # from here on, a KeyboardInterrupt at any bytecode unwinds the task
+            with contextlib.nullcontext() if wakeup is None else wakeup.installed():
+                return loop.run_until_complete(task)
         except BaseException:
             if not task.done():
                 # KeyboardInterrupt raised out of the loop (a signal handler that is
@@ -108,6 +120,14 @@ class Runner:
                 with contextlib.suppress(BaseException):
                     loop.run_until_complete(task)
             raise
+
+    def _signal_wakeup(self, loop: asyncio.AbstractEventLoop) -> _SignalWakeup | None:
+        """The wakeup fd for signals while the loop runs (main thread only, made once)."""
+        if threading.get_ident() != threading.main_thread().ident:
+            return None  # signal handlers run in the main thread only: nothing to wake here
+        if self._wakeup is None:
+            self._wakeup = _SignalWakeup(loop)
+        return self._wakeup
 
     def _first_loop(self) -> asyncio.AbstractEventLoop:
         assert self._runner is not None
@@ -133,7 +153,78 @@ class Runner:
         if self._closed:
             return
         self._closed = True
+        if self._wakeup is not None:
+            self._wakeup.close()
+            self._wakeup = None
         if self._runner is not None:
             self._runner.close()
         if self._portal_cm is not None:
             self._portal_cm.__exit__(None, None, None)
+
+
+class _SignalWakeup:
+    """A socket pair whose read end wakes ``loop``; installed as the signal wakeup fd.
+
+    CPython's C-level signal handler, in whatever thread the signal hits, writes
+    the signal's number to the wakeup fd; reading it here wakes the loop, and the
+    Python-level handler (``KeyboardInterrupt`` for SIGINT) runs in the main
+    thread as soon as it runs bytecode again.  A wakeup fd set before (another
+    loop's signal handling) is restored afterwards and gets the bytes read here,
+    so its owner still learns which signals came.
+
+    A signal's handler can raise between any two bytecodes, also while this is
+    being installed or restored: the restore runs however the block ends, our
+    own fd is never taken for a previous owner's (forwarding to it would loop),
+    and `close` uninstalls it if it is still installed (a closed fd's number is
+    soon reused, and the handler would write into whatever file got it).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._fd = self._writer.fileno()
+        self._forward_to = -1
+        loop.add_reader(self._reader.fileno(), self._drain)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Be the wakeup fd for the duration of the block (main thread only)."""
+        self._forward_to = -1
+        try:
+            previous = signal.set_wakeup_fd(self._fd, warn_on_full_buffer=False)
+            if previous != self._fd:  # else left installed by an interrupted block
+                self._forward_to = previous
+            yield
+        finally:
+            previous, self._forward_to = self._forward_to, -1
+            signal.set_wakeup_fd(previous)
+            if previous != -1:
+                self._forward(previous)  # signals caught in the block: tell its owner now
+
+    def _drain(self) -> None:
+        self._forward(self._forward_to)
+
+    def _forward(self, fd: int) -> None:
+        """Read every byte waiting; write it to ``fd`` (unless -1)."""
+        while True:
+            try:
+                data = self._reader.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                return
+            if fd != -1:
+                with contextlib.suppress(OSError):  # its owner may have closed it
+                    os.write(fd, data)
+
+    def close(self) -> None:
+        if threading.get_ident() == threading.main_thread().ident:
+            current = signal.set_wakeup_fd(-1)
+            if current != self._fd:  # someone else's: leave it as it was
+                signal.set_wakeup_fd(current)
+        if not self._loop.is_closed():
+            self._loop.remove_reader(self._reader.fileno())
+        self._reader.close()
+        self._writer.close()

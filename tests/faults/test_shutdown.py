@@ -16,7 +16,9 @@ import gc
 import logging
 import os
 import signal
+import socket
 import threading
+import time
 from typing import Any
 
 import gymnasium
@@ -227,6 +229,166 @@ def test_ctrl_c_in_the_blocking_wrapper(backend, flavour, gates):
         gate.release()
         envs.close()
         oracle.close()
+
+
+class SignalsItsOwnThread(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Its first step sends SIGINT to the env's own thread, then waits on a gate.
+
+    It first waits until the main thread sleeps in ``epoll_wait`` (the kernel
+    says so in ``/proc``).  CPython runs a signal's C-level handler in whichever
+    thread the signal hits and leaves the Python-level handler to the main
+    thread, so a main thread asleep in ``epoll_wait`` is not interrupted: it
+    learns of the signal only through a wakeup fd.  This is what a SIGINT that
+    lands just before the main thread enters ``epoll_wait`` looks like, made
+    deterministic.  ``gave_up`` records whether the gate wait ran out (the main
+    thread never came to interrupt it).
+    """
+
+    def __init__(self, gate: Gate, main_thread: int) -> None:
+        super().__init__(space_env(LONG))
+        self.gate, self.main_thread = gate, main_thread
+        self.steps = 0
+        self.gave_up: bool | None = None
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.steps == 1:
+            wait_until_in_epoll_wait(self.main_thread, timeout=30)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            self.gave_up = not self.gate.wait(30)
+        return self.env.step(action)
+
+
+def wait_until_in_epoll_wait(native_id: int, timeout: float) -> None:
+    """Return once thread ``native_id`` of this process sleeps in ``epoll_wait``."""
+    path = f"/proc/self/task/{native_id}/wchan"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(path) as file:  # a state the kernel reports, not a guess from a clock
+            where = file.read()
+        if where in {"do_epoll_wait", "ep_poll"}:  # the names of that wait across kernels
+            return
+    raise AssertionError(f"thread {native_id} never slept in epoll_wait within {timeout} s")
+
+
+def epoll_wait_visible() -> bool:
+    """Whether the kernel tells which call a thread sleeps in (Linux ``/proc``)."""
+    return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/wchan")
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals: main thread"
+)
+@pytest.mark.skipif(not epoll_wait_visible(), reason="needs /proc/self/task/*/wchan (Linux)")
+def test_ctrl_c_that_hits_an_env_thread_still_interrupts_the_blocking_wrapper(gates):
+    gate = gates()
+    interrupting = SignalsItsOwnThread(gate, threading.get_native_id())
+    fns = [lambda: interrupting] + [hanging(gate, "sync")] * (NUM_ENVS - 1)
+    envs = aiovec.BlockingVectorEnv(fns, backend="thread")
+    try:
+        envs.reset(seed=1)
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(actions_for(1))
+        # The interrupt came while the env still waited, not once it gave up.
+        assert interrupting.gave_up is None
+        assert envs.state is State.BROKEN
+    finally:
+        gate.release()
+        envs.close()
+    assert interrupting.gave_up is False
+
+
+class SignalsOnStep(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Each step, once the main thread sleeps in the loop, sends SIGUSR1 to its own thread."""
+
+    def __init__(self, main_thread: int) -> None:
+        super().__init__(space_env(LONG))
+        self.main_thread = main_thread
+
+    def step(self, action: Any) -> Any:
+        wait_until_in_epoll_wait(self.main_thread, timeout=30)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        return self.env.step(action)
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals: main thread"
+)
+@pytest.mark.skipif(not epoll_wait_visible(), reason="needs /proc/self/task/*/wchan (Linux)")
+def test_a_wakeup_fd_set_before_is_restored_and_told_of_signals_caught_meanwhile():
+    """Another loop's signal handling keeps its wakeup fd and learns of every signal."""
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    handler = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    before = signal.set_wakeup_fd(writer.fileno())
+    main_thread = threading.get_native_id()
+    envs = aiovec.BlockingVectorEnv(
+        [functools.partial(SignalsOnStep, main_thread)] * NUM_ENVS, backend="thread"
+    )
+    try:
+        envs.reset(seed=0)
+        envs.step(actions_for(1))
+        assert signal.set_wakeup_fd(writer.fileno()) == writer.fileno()
+        caught = reader.recv(64)  # one byte per signal, each sent to its own thread
+        assert caught == bytes([signal.SIGUSR1] * NUM_ENVS)
+    finally:
+        envs.close()
+        signal.set_wakeup_fd(before)
+        signal.signal(signal.SIGUSR1, handler)
+        reader.close()
+        writer.close()
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals: main thread"
+)
+@pytest.mark.skipif(not epoll_wait_visible(), reason="needs /proc/self/task/*/wchan (Linux)")
+@pytest.mark.timeout(30, method="thread")  # forwarding to itself spins past a signal timeout
+def test_a_wakeup_fd_left_installed_by_a_cut_short_call_is_never_forwarded_to():
+    """A Ctrl-C between two bytecodes can leave the runner's own fd installed."""
+    main_thread = threading.get_native_id()
+    envs = aiovec.BlockingVectorEnv(
+        [functools.partial(SignalsOnStep, main_thread)] * NUM_ENVS, backend="thread"
+    )
+    handler = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    before = signal.set_wakeup_fd(-1)
+    try:
+        envs.reset(seed=0)  # waits in the loop: the runner has its wakeup fd now
+        own = envs._runner._wakeup._fd
+        signal.set_wakeup_fd(own)  # as if the last restore had been cut short
+        envs.step(actions_for(1))  # signals while it waits: forwarding to itself would spin
+        assert signal.set_wakeup_fd(-1) == -1
+    finally:
+        envs.close()
+        signal.set_wakeup_fd(before)
+        signal.signal(signal.SIGUSR1, handler)
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals: main thread"
+)
+def test_closing_the_signal_wakeup_uninstalls_its_own_fd_and_no_other():
+    """A closed fd's number is soon reused: the signal handler must not write there."""
+    from aiovec._runner import _SignalWakeup
+
+    loop = asyncio.new_event_loop()
+    before = signal.set_wakeup_fd(-1)
+    other, spare = socket.socketpair()
+    other.setblocking(False)  # as set_wakeup_fd requires
+    try:
+        wakeup = _SignalWakeup(loop)
+        signal.set_wakeup_fd(wakeup._fd)  # left installed, as by a cut-short call
+        wakeup.close()
+        assert signal.set_wakeup_fd(other.fileno()) == -1
+        wakeup = _SignalWakeup(loop)
+        wakeup.close()
+        assert signal.set_wakeup_fd(-1) == other.fileno()  # someone else's: left alone
+    finally:
+        signal.set_wakeup_fd(before)
+        loop.close()
+        other.close()
+        spare.close()
 
 
 # --------------------------------------------------------------------------- closing
