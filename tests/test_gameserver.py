@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import pickle
 import re
+import socket
 import struct
 import threading
 import time
@@ -22,12 +24,14 @@ from gymnasium.vector import SyncVectorEnv
 
 import aiovec
 from aiovec.gameserver import (
+    PROTOCOL_VERSION,
     BlockingGameClientEnv,
     ChaseGame,
     GameClientEnv,
     GameServer,
     LocalGameEnv,
     ProtocolError,
+    _Frames,
     game_spaces,
 )
 
@@ -61,9 +65,35 @@ def message(**fields: Any) -> bytes:
     return frame(json.dumps(fields).encode())
 
 
-async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+def step_request(action: int) -> bytes:
+    """A binary step request, as the clients send it."""
+    return frame(b"S" + bytes([action]))
+
+
+STEP_REPLY = struct.Struct(">c4fdBBII")  # tag, obs x 4, reward, terminated, truncated, info
+
+
+def step_reply(*, obs: Any = (0.0, 0.5, 1.0, 0.25), flags: Any = (0, 0), **fields: Any) -> bytes:
+    """A binary step reply frame; ``fields`` may override reward, steps and distance."""
+    values = {"reward": -0.01, "steps": 1, "distance": 2, **fields}
+    info = values["steps"], values["distance"]
+    return frame(STEP_REPLY.pack(b"s", *obs, values["reward"], *flags, *info))
+
+
+HELLO = message(type="hello", version=PROTOCOL_VERSION)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
     (length,) = struct.unpack(">I", await reader.readexactly(4))
-    return json.loads(await reader.readexactly(length))
+    return await reader.readexactly(length)
+
+
+async def read_message(reader: asyncio.StreamReader) -> dict[str, Any]:
+    """The next frame: a JSON message, or a binary step reply as ``type``/``steps``."""
+    payload = await read_frame(reader)
+    if payload[:1] == b"s":
+        return {"type": "step", "steps": STEP_REPLY.unpack(payload)[8]}
+    return json.loads(payload)
 
 
 def actions_for(seed: int, n: int, num_envs: int | None = None) -> np.ndarray:
@@ -141,6 +171,59 @@ def test_clients_accept_loopback_addresses_only():
     assert GameClientEnv("::1", 9).host == "::1"
 
 
+def test_frames_are_cut_whatever_the_pieces_they_arrive_in():
+    stream = frame(b"abc") + frame(b"") + frame(b"x" * 300)
+    for piece in (1, 2, 3, 5, 7, 64, len(stream)):
+        frames, payloads = _Frames(max_bytes=300), []
+        for start in range(0, len(stream), piece):
+            payloads += frames.feed(stream[start : start + piece])
+        assert payloads == [b"abc", b"", b"x" * 300], piece
+        assert frames.pending == 0
+
+
+def test_frames_refuse_an_oversized_header_before_its_body():
+    frames = _Frames(max_bytes=10)
+    assert frames.feed(frame(b"0123456789")[:-1]) == []  # 10 bytes: allowed, not complete
+    assert (frames.pending, frames.needed) == (13, 14)
+    assert frames.feed(b"9" + struct.pack(">I", 11)[:2]) == [b"0123456789"]
+    with pytest.raises(ProtocolError, match="oversized frame: 11 bytes announced"):
+        frames.feed(struct.pack(">I", 11)[2:])  # the header's last byte: no body needed
+
+
+@pytest.mark.asyncio
+async def test_server_reads_requests_that_arrive_a_byte_at_a_time(loop_errors):
+    async with GameServer(**GAME) as server:
+        reader, writer = await asyncio.open_connection(*server.address)
+        for byte in HELLO + RESET + step_request(4):
+            writer.write(bytes([byte]))
+            await writer.drain()
+        kinds = [(await read_message(reader))["type"] for _ in range(3)]
+        assert kinds == ["hello", "reset", "step"]
+        writer.close()
+        await writer.wait_closed()
+
+
+def nodelay(sock: socket.socket) -> bool:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+@pytest.mark.asyncio
+async def test_both_sides_send_small_frames_at_once(loop_errors):
+    # TCP_NODELAY: a frame is not held back waiting for the peer's ACK (Nagle).
+    async with GameServer() as server:
+        env = GameClientEnv(port=server.port)
+        blocking = BlockingGameClientEnv(port=server.port)
+        await env.reset(seed=0)
+        await asyncio.to_thread(blocking.reset, seed=0)
+        assert nodelay(env._connection.transport.get_extra_info("socket"))
+        assert nodelay(blocking._sock)
+        sides = [c.transport.get_extra_info("socket") for c in server._connections]
+        assert len(sides) == 2
+        assert all(nodelay(s) for s in sides)
+        await env.close()
+        blocking.close()
+
+
 # --------------------------------------------------------------------------- same results
 
 
@@ -151,7 +234,10 @@ async def test_remote_env_matches_local_env(loop_errors):
         env = GameClientEnv(port=server.port)
         try:
             for seed in (0, 1, 2**40):
-                assert_same(await play_remote(env, seed, actions), play_local(seed, actions))
+                remote, local = await play_remote(env, seed, actions), play_local(seed, actions)
+                assert_same(remote, local)
+                for got, want in zip(remote, local, strict=True):  # float32 obs, bit for bit
+                    assert got[0].tobytes() == want[0].tobytes()
         finally:
             await env.close()
         assert server.stats.connections == 1  # one connection for all episodes
@@ -198,19 +284,31 @@ RESET = message(type="reset", seed=0, options=None)
 BAD_REQUESTS = {
     "not-json": (frame(b"{oops"), "malformed frame: not valid UTF-8 JSON"),
     "not-utf8": (frame(b"\xff\xfe\xfd"), "malformed frame: not valid UTF-8 JSON"),
-    "nan": (frame(b'{"type": "step", "action": NaN}'), "NaN is not allowed"),
+    "nan": (frame(b'{"type": "reset", "seed": NaN, "options": null}'), "NaN is not allowed"),
     "deep": (frame(b"[" * 50_000), "malformed frame"),
     "empty": (frame(b""), "malformed frame"),
     "not-object": (message(type=None), "expected a JSON object with a string 'type'"),
     "unknown-type": (message(type="jump"), "unknown message type 'jump'"),
-    "missing-field": (message(type="step"), r"wrong fields in 'step' message"),
-    "extra-field": (message(type="step", action=1, x=2), r"wrong fields in 'step' message"),
-    "wrong-type": (message(type="step", action="1"), "'action' must be int, got '1'"),
-    "bool-action": (message(type="step", action=True), "'action' must be int, got True"),
-    "bad-action": (RESET + message(type="step", action=7), r"action must be in \[0, 5\), got 7"),
+    "json-step": (message(type="step", action=1), "unknown message type 'step'"),
+    "missing-field": (message(type="reset", seed=0), r"wrong fields in 'reset' message"),
+    "extra-field": (
+        message(type="reset", seed=0, options=None, x=2),
+        r"wrong fields in 'reset' message",
+    ),
+    "wrong-type": (
+        message(type="reset", seed="1", options=None),
+        "'seed' must be int or NoneType, got '1'",
+    ),
+    "bool-seed": (
+        message(type="reset", seed=True, options=None),
+        "'seed' must be int or NoneType, got True",
+    ),
     "bad-seed": (message(type="reset", seed=-1, options=None), "non-negative"),
-    "no-reset": (message(type="step", action=1), "'step' before the first 'reset'"),
-    "hello-twice": (message(type="hello", version=1), "'hello' must come first and once"),
+    "bad-action": (RESET + step_request(7), r"action must be in \[0, 5\), got 7"),
+    "short-step": (RESET + frame(b"S"), "malformed 'step' frame: expected 2 bytes, got 1"),
+    "long-step": (RESET + frame(b"S\x01\x00"), "malformed 'step' frame: expected 2 bytes, got 3"),
+    "no-reset": (step_request(1), "'step' before the first 'reset'"),
+    "hello-twice": (HELLO, "'hello' must come first and once"),
     "oversized": (struct.pack(">I", 100_001), "100001 bytes announced, max_message_bytes is"),
 }
 
@@ -230,7 +328,7 @@ async def test_server_answers_bad_frames_with_error_and_hangs_up(case, loop_erro
         good = GameClientEnv(port=server.port)
         await good.reset(seed=0)
         reader, writer = await asyncio.open_connection(*server.address)
-        writer.write(message(type="hello", version=1) + data)  # an oversized header comes
+        writer.write(HELLO + data)  # an oversized header comes
         assert re.search(expected, await error_reply(reader))  # without body: not waited for
         assert await reader.read() == b""  # then the server hangs up
         writer.close()
@@ -245,6 +343,7 @@ async def test_server_answers_bad_frames_with_error_and_hangs_up(case, loop_erro
     ("first", "expected"),
     [
         (RESET, "'hello' must come first"),
+        (step_request(0), "'hello' must come first and once, got 'step'"),
         (message(type="hello", version=99), "unsupported protocol version 99"),
     ],
 )
@@ -261,7 +360,7 @@ async def test_server_needs_hello_first_and_the_same_version(first, expected, lo
 
 GOOD_HELLO = message(
     type="hello",
-    version=1,
+    version=PROTOCOL_VERSION,
     game={
         "size": 8,
         "max_steps": 200,
@@ -271,7 +370,7 @@ GOOD_HELLO = message(
         },
     },
 )
-WRONG_VERSION = GOOD_HELLO.replace(b'"version": 1', b'"version": 2')
+WRONG_VERSION = GOOD_HELLO.replace(b'"version": 2', b'"version": 3')
 WRONG_SPACES = GOOD_HELLO.replace(b'"n": 5', b'"n": 6')
 
 # name -> (answer to the hello, answer to the reset or None, expected error)
@@ -286,10 +385,13 @@ BAD_REPLIES = {
         "expected a 'hello' reply, got 'reset'",
     ),
     "error": (message(type="error", message="go away"), None, "replied with an error: go away"),
-    "version": (WRONG_VERSION, None, "server speaks protocol version 2"),
+    "version": (WRONG_VERSION, None, "server speaks protocol version 3"),
     "spaces": (WRONG_SPACES, None, "spaces .* differ"),
     "bad-obs": (GOOD_HELLO, message(type="reset", obs=[0, 1], info={}), "expected 4 numbers"),
     "nan-obs": (GOOD_HELLO, frame(b'{"type":"reset","obs":[NaN],"info":{}}'), "NaN"),
+    "step-for-reset": (GOOD_HELLO, step_reply(), "expected a 'reset' reply, got 'step'"),
+    "extra-frame": (GOOD_HELLO + GOOD_HELLO, None, "sent data with no request in flight"),
+    "extra-bytes": (GOOD_HELLO + b"\x00", None, "sent data with no request in flight"),
 }
 
 
@@ -302,7 +404,7 @@ async def fake_server(*answers: bytes | None, hang_up: bool = False) -> AsyncIte
         handlers.append(asyncio.current_task())  # type: ignore[arg-type]
         for answer in answers:
             if answer is not None:
-                await read_message(reader)
+                await read_frame(reader)
                 writer.write(answer)
         if not hang_up:
             await reader.read()  # until the client hangs up
@@ -340,6 +442,67 @@ async def test_client_raises_protocol_error_naming_the_problem(case, client, loo
             env.close()
 
 
+GOOD_RESET = message(type="reset", obs=[0.0, 0.5, 1.0, 0.25], info={"steps": 0, "distance": 1})
+# name -> (answer to a step, expected error)
+BAD_STEP_REPLIES = {
+    "short": (frame(b"s" + bytes(10)), "malformed 'step' frame: expected 35 bytes, got 11"),
+    "long": (frame(STEP_REPLY.pack(b"s", *[0.0] * 5, 0, 0, 1, 1) + b"\x00"), "got 36"),
+    "flags": (step_reply(flags=(2, 0)), "flags must be 0 or 1, got 2 and 0"),
+    "nan-obs": (step_reply(obs=(0.0, math.nan, 0.0, 0.0)), "must be finite"),
+    "inf-obs": (step_reply(obs=(0.0, 0.0, -math.inf, 0.0)), "must be finite"),
+    "inf-reward": (step_reply(reward=math.inf), "must be finite"),
+    "json-step": (message(type="step", action=1), "unknown message type 'step'"),
+    "reset-for-step": (GOOD_RESET, "expected a 'step' reply, got 'reset'"),
+    "error": (message(type="error", message="no"), "replied with an error: no"),
+    "not-json": (frame(b"\x00\x01"), "malformed frame: not valid UTF-8 JSON"),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("case", BAD_STEP_REPLIES)
+@pytest.mark.parametrize("client", ["async", "blocking"])
+async def test_client_checks_binary_step_replies(case, client, loop_errors):
+    answer, expected = BAD_STEP_REPLIES[case]
+    async with fake_server(GOOD_HELLO, GOOD_RESET, answer) as port:
+        if client == "async":
+            env: Any = GameClientEnv(port=port)
+            await env.reset(seed=0)
+            with pytest.raises(ProtocolError, match=expected):
+                await env.step(1)
+            with pytest.raises(ResetNeeded):  # the connection was dropped
+                await env.step(0)
+            await env.close()
+        else:
+            env = BlockingGameClientEnv(port=port)
+            await asyncio.to_thread(env.reset, seed=0)
+            with pytest.raises(ProtocolError, match=expected):
+                await asyncio.to_thread(env.step, 1)
+            with pytest.raises(ResetNeeded):
+                env.step(0)
+            env.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("client", ["async", "blocking"])
+async def test_client_reads_a_binary_step_reply_exactly(client, loop_errors):
+    obs = (0.1, 1 / 3, 0.0, 1.0)  # not float32 values: the client gets their float32 bits
+    answer = step_reply(obs=obs, flags=(1, 0), reward=1.0, steps=7, distance=0)
+    async with fake_server(GOOD_HELLO, GOOD_RESET, answer) as port:
+        if client == "async":
+            env: Any = GameClientEnv(port=port)
+            await env.reset(seed=0)
+            result = await env.step(1)
+            await env.close()
+        else:
+            env = BlockingGameClientEnv(port=port)
+            await asyncio.to_thread(env.reset, seed=0)
+            result = await asyncio.to_thread(env.step, 1)
+            env.close()
+    want = np.array(obs, dtype=np.float32)
+    assert_same(result, (want, 1.0, True, False, {"steps": 7, "distance": 0}))
+    assert result[0].tobytes() == want.tobytes()
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("answer", [b"", b"\x00\x00", struct.pack(">I", 10) + b"{"])
 async def test_client_reports_a_closed_connection_as_connection_error(answer, loop_errors):
@@ -368,12 +531,12 @@ async def test_pipelined_requests_are_answered_in_order_despite_jitter(loop_erro
     # Each reply draws its own jitter, so a later request's reply may fall due first.
     async with GameServer(latency=0.001, jitter=0.02) as server:
         reader, writer = await asyncio.open_connection(*server.address)
-        steps = [message(type="step", action=a % 5) for a in range(12)]
-        writer.write(b"".join([message(type="hello", version=1), RESET, *steps]))
+        steps = [step_request(a % 5) for a in range(12)]
+        writer.write(b"".join([HELLO, RESET, *steps]))
         kinds = [(await read_message(reader))["type"] for _ in range(2)]
-        infos = [(await read_message(reader))["info"] for _ in steps]
+        replies = [await read_message(reader) for _ in steps]
         assert kinds == ["hello", "reset"]
-        assert [info["steps"] for info in infos] == list(range(1, 13))
+        assert [reply["steps"] for reply in replies] == list(range(1, 13))
         assert 1 <= server.stats.wakeups <= 13  # the timer woke the loop, at most once a reply
         writer.close()
         await writer.wait_closed()
