@@ -16,12 +16,22 @@ thousands of env-steps per second (medians of the repetitions), the speed-up
 over the baseline (median of per-repetition ratios) with PASS/MISS against the
 targets of issue 4, the round trip of one trivial step with N = W = 2, and the
 memory of each worker.  Timings never make the script fail.
+
+Where the time goes (Linux: it reads ``/proc``), for each case with W = 2: wall
+time per vector step; the parent's CPU per step; each worker's CPU per step
+against the same envs stepped bare in this process (the difference is what a
+worker spends beyond its envs: reading the request, the flows, writing the
+results, and being woken); and the floor of any blocking design, a bare pipe
+round trip to two sleeping processes with no Python work.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
+import select
 import signal
 import statistics
 import sys
@@ -194,6 +204,104 @@ def scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def breakdown(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    """Wall, parent CPU and worker CPU per vector step (W = 2), and the bare envs' CPU."""
+    steps = max(20, 4 * args.steps * 32 // case.num_envs)
+    actions = np.random.default_rng(0).integers(0, 2, size=(64, case.num_envs))
+    venv = aiovec.BlockingVectorEnv([case.make] * case.num_envs, backend="process", num_workers=2)
+    try:
+        venv.reset(seed=0)
+        for t in range(max(5, steps // 10)):
+            venv.step(actions[t % 64])
+        pids = venv.vector_env._backend.pids  # type: ignore[union-attr]
+        workers_before = [_cpu_seconds(pid) for pid in pids]
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        for t in range(steps):
+            venv.step(actions[t % 64])
+        wall = time.perf_counter() - wall_before
+        parent = time.process_time() - cpu_before
+        workers = [
+            _cpu_seconds(pid) - before for pid, before in zip(pids, workers_before, strict=True)
+        ]
+    finally:
+        venv.close()
+    group = [case.make() for _ in range(case.num_envs // 2)]
+    try:
+        for j, env in enumerate(group):
+            env.reset(seed=j)
+        cpu_before = time.process_time()
+        for t in range(steps):
+            for j, env in enumerate(group):
+                _, _, terminated, truncated, _ = env.step(int(actions[t % 64][j]))
+                if terminated or truncated:
+                    env.reset()
+        bare = time.process_time() - cpu_before
+    finally:
+        for env in group:
+            env.close()
+    per_step = 1e6 / steps
+    return {
+        "env": case.env,
+        "num_envs": case.num_envs,
+        "wall_us": wall * per_step,
+        "parent_cpu_us": parent * per_step,
+        "worker_cpu_us": statistics.mean(workers) * per_step,
+        "bare_group_cpu_us": bare * per_step,
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _echo(requests: Any, replies: Any) -> None:
+    """A bare worker: answers each byte it reads with one byte, until EOF."""
+    while os.read(requests.fileno(), 64):
+        os.write(replies.fileno(), b"r")
+
+
+def pipe_floor(calls: int) -> float:
+    """Median us of one 1-byte request to each of two sleeping processes and both replies."""
+    context = multiprocessing.get_context("spawn")
+    pipes = [(context.Pipe(duplex=False), context.Pipe(duplex=False)) for _ in range(2)]
+    procs = [
+        context.Process(target=_echo, args=(req_r, rep_w), daemon=True)
+        for (req_r, _), (_, rep_w) in pipes
+    ]
+    for proc in procs:
+        proc.start()
+    poller = select.poll()
+    for _, (rep_r, _) in pipes:
+        poller.register(rep_r.fileno(), select.POLLIN)
+    times = []
+    try:
+        for _ in range(calls):
+            start = time.perf_counter()
+            for (_, req_w), _ in pipes:
+                os.write(req_w.fileno(), b"q")
+            answered = 0
+            while answered < 2:
+                for fd, _ in poller.poll():
+                    os.read(fd, 64)
+                    answered += 1
+            times.append(time.perf_counter() - start)
+    finally:
+        for (_, req_w), _ in pipes:
+            req_w.close()  # end of file: each worker returns
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for (req_r, _), (rep_r, rep_w) in pipes:
+            for conn in (req_r, rep_r, rep_w):
+                conn.close()
+    return statistics.median(times) * 1e6
+
+
 def worker_memory() -> list[dict[str, float]]:
     """RSS and PSS (MiB) of each worker of a CartPole N=32, W=2 process backend."""
     venv = aiovec.BlockingVectorEnv([make_cartpole] * 32, backend="process", num_workers=2)
@@ -256,6 +364,23 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
     print("|---|---:|")
     for name, us in extra["round_trip_us"].items():
         print(f"| {name} | {us:.1f} |")
+    if extra.get("breakdown"):
+        print()
+        print(
+            "| where the time goes (W = 2) | N | wall us/step | parent CPU us/step "
+            "| worker CPU us/step | same envs bare, CPU us/step | worker beyond its envs |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for b in extra["breakdown"]:
+            print(
+                f"| {b['env']} | {b['num_envs']} | {b['wall_us']:.0f} | {b['parent_cpu_us']:.0f} "
+                f"| {b['worker_cpu_us']:.0f} | {b['bare_group_cpu_us']:.0f} "
+                f"| {b['worker_cpu_us'] - b['bare_group_cpu_us']:.0f} |"
+            )
+        print(
+            f"floor: a bare pipe round trip to 2 sleeping processes, "
+            f"{extra['pipe_floor_us']:.1f} us"
+        )
     print()
     for m in extra["worker_memory"]:
         print(f"worker {m['pid']}: RSS {m['rss_mib']:.1f} MiB, PSS {m['pss_mib']:.1f} MiB")
@@ -271,6 +396,11 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
     passed = sum(r.get("passed") is True for r in rows)
     missed = sum(r.get("passed") is False for r in rows)
     print(f"targets: {passed} PASS, {missed} MISS")
+
+
+def _has_proc() -> bool:
+    """Whether per-process CPU times can be read (Linux ``/proc``)."""
+    return os.path.exists(f"/proc/{os.getpid()}/stat")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -311,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = {
         "busy_loops": BusyCartPole.loops,
         "round_trip_us": round_trip(args),
+        "breakdown": [breakdown(case, args) for case in cases] if _has_proc() else [],
+        "pipe_floor_us": pipe_floor(200 if args.quick else 2000),
         "worker_memory": worker_memory(),
         "scaling": scaling(args) if args.workers else [],
     }
