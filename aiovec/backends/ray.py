@@ -245,8 +245,11 @@ class ActorPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for _, job, handle, _ in idle:
-            if job == _job_id():  # else its job ended, and the actor with it
+        if not ray.is_initialized():  # Ray shut down: the actors went with their job
+            return
+        job = _job_id()
+        for _, made_in, handle, _ in idle:
+            if made_in == job:  # else its job ended, and the actor with it
                 _kill(handle)
 
 
