@@ -1,9 +1,10 @@
 """``backend="ray"``: envs in Ray actors, several envs per actor, on any Ray cluster.
 
 Theory of operation.  The envs are split into W contiguous groups (as the
-process backend splits them), one per Ray actor.  Each actor builds its group
-from the cloudpickled factories into a `Group`,
-the very object a worker process hosts, and runs every request through the
+process backend splits them), one per Ray actor.  An actor starts empty; once
+Ray has placed it (a wait bounded by ``placement_timeout``), its ``load`` call
+builds its group from the cloudpickled factories into a `Group`, the very object
+a worker process hosts, and it runs every request through the
 group's flows (``step_flow``, ``call_flow``, ``rebuild_flow``): the per-env
 rules (autoreset, errors as values) are written once, in the core, and driven
 here.  The actor is an async actor limited to one call at a time, so its calls
@@ -28,8 +29,13 @@ the late reply is dropped.  An actor that dies (killed, its process or its
 node lost) fails its envs in flight with ``WorkerDiedError`` and leaves all its
 envs *lost*: any later call on them fails the same way at once, until
 ``rebuild`` starts a new actor for the group (envs of the group not rebuilt
-stay lost).  ``rebuild`` of an env whose actor is still busy with an
-abandoned call kills and replaces that actor.
+stay lost; the vector env's ``reset()`` rebuilds the lost envs it resets).
+``rebuild`` of an env whose actor is still busy with an abandoned call kills and
+replaces that actor.
+
+On ``aclose`` the actors are killed, or, with an `ActorPool`, those whose envs
+all closed cleanly are kept idle for the next vector env to ``load`` its own
+group into: a new actor costs a process start, a pooled one a remote call.
 """
 
 from __future__ import annotations
