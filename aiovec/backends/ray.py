@@ -710,12 +710,12 @@ class RayBackend(Backend):
 
 
 def _ready(actor: _Actor, ref: Any) -> tuple[Any, ...]:
-    """A new actor's first reply (construction has no loop: this waits on Ray)."""
+    """An actor's reply to ``load`` (construction has no loop: this waits on Ray)."""
     try:
         reply: tuple[Any, ...] = ray.get(ref)
     except _DEATHS as exc:
         died = RuntimeError(
-            f"the {actor.describe()} died as it started: {exc}; can it unpickle the env "
+            f"the {actor.describe()} failed as it started: {exc}; can it unpickle the env "
             "factories? (aiovec and the code that defines them must be importable on every "
             "node: installed there, or shipped with runtime_env)"
         )
