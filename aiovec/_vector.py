@@ -94,7 +94,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         backend_options: Options of the backend; only ``"ray"`` takes any: the
             Ray actor options of every actor (``num_cpus``, ``num_gpus``,
             ``memory``, ``resources``, ``scheduling_strategy`` (default
-            ``"SPREAD"``), ``runtime_env``, ...).
+            ``"SPREAD"``), ``runtime_env``, ...), and ``placement_timeout`` and
+            ``actor_pool`` (``docs/ray.md``).
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).

@@ -237,6 +237,8 @@ def open_front_end(
     cls = {"await": AwaitFrontEnd, "blocking": BlockingFrontEnd}[front_end]
     if backend == "ray":  # one actor per raylet of the test cluster (each costs a process)
         kwargs.setdefault("num_workers", 2)
+        if RAY_ACTORS:  # actors of the closed vector envs host the next ones' envs
+            kwargs.setdefault("backend_options", {"actor_pool": RAY_ACTORS[0]})
     adapter = cls(flavoured(env_fns, flavour), backend=backend, **kwargs)
     adapter.flavour = flavour
     adapter.backend = backend
@@ -303,6 +305,10 @@ def uses_ray(item: pytest.Item) -> bool:
 
 RAY_NODE = {"num_cpus": 2, "object_store_memory": 100 * 1024 * 1024}
 """Each node of the test cluster: logical CPUs (actors spread over them), a small store."""
+RAY_ACTORS: list[Any] = []
+"""The session's `aiovec.backends.ray.ActorPool` (while the cluster is up), which every
+ray vector env built by `open_front_end` takes its actors from and gives them back to:
+a new actor is a process that takes about a second to start (docs/ray.md)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -331,21 +337,30 @@ def ray_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
             runtime_env={"env_vars": {"PYTHONPATH": path}},
             log_to_driver=False,
         )
-        _warm_up_ray()
-        yield cluster
+        from aiovec.backends.ray import ActorPool
+
+        with ActorPool() as pool:
+            RAY_ACTORS.append(pool)
+            try:
+                _warm_up_ray(pool)
+                yield cluster
+            finally:
+                RAY_ACTORS.clear()
     finally:
         ray.shutdown()
         cluster.shutdown()
 
 
-def _warm_up_ray() -> None:
+def _warm_up_ray(pool: Any) -> None:
     """Run one vector env on both raylets, so that Ray opens the connections it keeps.
 
     Ray opens some sockets on first use and keeps them for the session (their
     number does not grow with the vector envs made); opened here, they are
     part of every test's leak-check snapshot instead of the first test's leak.
     """
-    venv = aiovec.BlockingVectorEnv(space_env_fns(2), backend="ray", num_workers=2)
+    venv = aiovec.BlockingVectorEnv(
+        space_env_fns(2), backend="ray", num_workers=2, backend_options={"actor_pool": pool}
+    )
     try:
         venv.reset(seed=0)
         venv.step(venv.action_space.sample())

@@ -25,6 +25,7 @@ from aiovec.testing import SpaceEnv
 pytestmark = pytest.mark.ray
 
 NUM_ENVS = 4
+PLACEMENT_TIMEOUT = 10.0  # seconds for a new actor on a lost node's resource: never placed
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason='ray is not installed ("aiovec[ray]")')
 
 
@@ -94,11 +95,19 @@ def test_actors_spread_over_the_raylets_and_give_the_same_results(ray_cluster):
 
     nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
     venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2)
-    oracle = aiovec.BlockingVectorEnv(fns())
     try:
         hosts = venv.vector_env._backend.node_ids
         assert len(set(hosts)) == 2, f"both actors on one raylet: {hosts}"
         assert set(hosts) <= nodes
+        assert_same_as_inline(venv)
+    finally:
+        venv.close()
+
+
+def assert_same_as_inline(venv: aiovec.BlockingVectorEnv) -> None:
+    """``venv`` (over `fns`) resets and steps exactly as the inline backend does."""
+    oracle = aiovec.BlockingVectorEnv(fns())
+    try:
         for got, want in zip(venv.reset(seed=5), oracle.reset(seed=5), strict=True):
             np.testing.assert_equal(got, want)
         for step in range(3):
@@ -106,7 +115,6 @@ def test_actors_spread_over_the_raylets_and_give_the_same_results(ray_cluster):
             for got, want in zip(venv.step(actions), oracle.step(actions), strict=True):
                 np.testing.assert_equal(got, want)
     finally:
-        venv.close()
         oracle.close()
 
 
@@ -126,8 +134,10 @@ def doomed_node(ray_cluster: Any) -> Iterator[tuple[Any, str]]:
 
 @needs_ray
 def test_custom_resources_place_actors_and_a_lost_node_fails_their_envs(ray_cluster, doomed_node):
+    import ray
+
     node, node_id = doomed_node
-    options = {"resources": {"doomed": 1}, "num_cpus": 0}
+    options = {"resources": {"doomed": 1}, "num_cpus": 0, "placement_timeout": PLACEMENT_TIMEOUT}
     venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, backend_options=options)
     try:
         assert venv.vector_env._backend.node_ids == (node_id, node_id)
@@ -140,11 +150,23 @@ def test_custom_resources_place_actors_and_a_lost_node_fails_their_envs(ray_clus
         named = set(info.value.errors)
         assert named in ({0, 1}, {2, 3}, {0, 1, 2, 3}), "whole groups, as they were found dead"
         first = min(named)
-        assert f"Ray actor hosting envs {first}-{first + 1}" in str(info.value.errors[first])
-        with pytest.raises(aiovec.WorkerDiedError) as again:
-            venv.reset(seed=2)  # both groups are gone: found now, or known since the recv
+        cause = info.value.errors[first]
+        assert isinstance(cause, ray.exceptions.RayActorError), "the cause of death, from Ray"
+        assert f"Ray actor hosting envs {first}-{first + 1}" in " ".join(cause.__notes__)
+        # reset() rebuilds lost envs on new actors, which no node left can take
+        with pytest.raises(aiovec.EnvError) as again:
+            venv.reset(seed=2)
         assert set(again.value.errors) == set(range(NUM_ENVS))
-        assert "died; their envs are gone" in str(again.value.errors[first])
+        for i, cause in again.value.errors.items():
+            assert isinstance(cause, (TimeoutError, ray.exceptions.RayActorError)), (
+                f"{i}: {cause!r}"
+            )
+        assert any(
+            isinstance(cause, TimeoutError)
+            and f"was not placed within {PLACEMENT_TIMEOUT} s" in str(cause)
+            and "'doomed': 1" in str(cause)
+            for cause in again.value.errors.values()
+        )
     finally:
         venv.close()
 
@@ -196,6 +218,8 @@ def kill_and_wait(actor: Any) -> None:
 
 @needs_ray
 def test_a_killed_actor_is_worker_died_then_replaced_under_restart(ray_cluster):
+    import ray
+
     for on_error in ("raise", "restart"):
         venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, on_error=on_error)
         try:
@@ -206,6 +230,9 @@ def test_a_killed_actor_is_worker_died_then_replaced_under_restart(ray_cluster):
                 with pytest.raises(aiovec.WorkerDiedError) as info:
                     venv.step(np.zeros(NUM_ENVS, np.int64))
                 assert set(info.value.errors) == {2, 3}
+                cause = info.value.errors[2]  # Ray's word on the death, as ChildProcessError's
+                assert isinstance(cause, ray.exceptions.RayActorError), repr(cause)
+                assert "Ray actor hosting envs 2-3" in " ".join(cause.__notes__)
                 continue
             _, _, _, truncations, infos = venv.step(np.zeros(NUM_ENVS, np.int64))
             assert truncations.tolist() == [False, False, True, True]
@@ -270,6 +297,154 @@ def test_close_kills_every_actor(ray_cluster):
     actors = venv.vector_env._backend.actors
     venv.reset(seed=0)
     venv.close()
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ready.remote(), timeout=30)
+
+
+# --------------------------------------------------------------------------- placement bound
+
+
+@needs_ray
+def test_an_actor_no_node_can_take_fails_construction_once_its_placement_times_out(
+    ray_cluster, monkeypatch
+):
+    from aiovec.backends import ray as ray_backend
+
+    killed: list[Any] = []
+    kill = ray_backend._kill
+    monkeypatch.setattr(ray_backend, "_kill", lambda handle: (killed.append(handle), kill(handle)))
+    options = {"resources": {"nowhere": 1}, "placement_timeout": 1}
+    with pytest.raises(TimeoutError, match=r"not placed within 1.0 s.*'nowhere': 1"):
+        aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, backend_options=options)
+    assert len(killed) == 2, "both actors, placed or waiting, are killed"
+    _assert_dead(killed)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "10", True])
+@needs_ray
+def test_a_bad_placement_timeout_is_refused(ray_cluster, value):
+    factory = Counted()
+    with pytest.raises(ValueError, match="placement_timeout"):
+        aiovec.BlockingVectorEnv(
+            [factory] * 2, backend="ray", backend_options={"placement_timeout": value}
+        )
+    assert factory.calls == 0
+
+
+# --------------------------------------------------------------------------- actor pool
+
+
+@needs_ray
+def test_a_pool_hosts_the_next_vector_env_in_the_actors_of_a_closed_one(ray_cluster):
+    from aiovec.backends.ray import ActorPool
+
+    with ActorPool() as pool:
+        options = {"actor_pool": pool}
+        first = aiovec.BlockingVectorEnv(
+            fns(), backend="ray", num_workers=2, backend_options=options
+        )
+        actors = set(first.vector_env._backend.actors)
+        nodes = set(first.vector_env._backend.node_ids)
+        first.reset(seed=1)
+        first.close()
+        assert len(pool) == 2
+        assert pool.reused == 0
+        venv = aiovec.BlockingVectorEnv(
+            fns(), backend="ray", num_workers=2, backend_options=options
+        )
+        try:
+            assert set(venv.vector_env._backend.actors) == actors
+            assert set(venv.vector_env._backend.node_ids) == nodes
+            assert len(pool) == 0
+            assert pool.reused == 2
+            assert_same_as_inline(venv)
+        finally:
+            venv.close()
+        assert len(pool) == 2
+    _assert_dead(actors)
+
+
+@needs_ray
+def test_a_pool_keeps_only_actors_that_closed_cleanly_and_matching_options(ray_cluster):
+    from aiovec.backends.ray import ActorPool
+
+    with ActorPool(max_idle=3) as pool:
+        venv = aiovec.BlockingVectorEnv(
+            fns(),
+            backend="ray",
+            num_workers=2,
+            on_error="raise",
+            backend_options={"actor_pool": pool},
+        )
+        killed, kept = venv.vector_env._backend.actors
+        kill_and_wait(killed)
+        with pytest.raises(aiovec.WorkerDiedError):
+            venv.reset(seed=0)  # found dead
+        venv.reset(seed=0)  # rebuilds the dead actor's envs on a new actor, not from the pool
+        venv.close()
+        assert len(pool) == 2
+        assert kept in pool_handles(pool)
+        assert killed not in pool_handles(pool)
+        other = aiovec.BlockingVectorEnv(
+            fns(), backend="ray", num_workers=2, backend_options={"actor_pool": pool, "num_cpus": 0}
+        )
+        assert not set(other.vector_env._backend.actors) & set(pool_handles(pool))
+        other.close()
+        assert len(pool) == 3, "the pool is full: the fourth actor was killed"
+        idle = pool_handles(pool)
+    _assert_dead(idle)
+
+
+@needs_ray
+def test_an_idle_actor_found_dead_is_replaced_by_a_new_one(ray_cluster):
+    from aiovec.backends.ray import ActorPool
+
+    with ActorPool() as pool:
+        options = {"actor_pool": pool}
+        aiovec.BlockingVectorEnv(
+            fns(), backend="ray", num_workers=2, backend_options=options
+        ).close()
+        dead, alive = pool_handles(pool)
+        kill_and_wait(dead)
+        venv = aiovec.BlockingVectorEnv(
+            fns(), backend="ray", num_workers=2, backend_options=options
+        )
+        try:
+            actors = venv.vector_env._backend.actors
+            assert alive in actors
+            assert dead not in actors
+            venv.reset(seed=0)
+            venv.step(np.zeros(NUM_ENVS, np.int64))
+        finally:
+            venv.close()
+
+
+@needs_ray
+def test_a_closed_pool_kills_what_it_is_given(ray_cluster):
+    from aiovec.backends.ray import ActorPool
+
+    pool = ActorPool()
+    venv = aiovec.BlockingVectorEnv(
+        fns(), backend="ray", num_workers=2, backend_options={"actor_pool": pool}
+    )
+    actors = venv.vector_env._backend.actors
+    pool.close()
+    venv.close()
+    assert pool.closed
+    assert len(pool) == 0
+    _assert_dead(actors)
+    with pytest.raises(TypeError, match="ActorPool"):
+        aiovec.BlockingVectorEnv(fns(), backend="ray", backend_options={"actor_pool": object()})
+
+
+def pool_handles(pool: Any) -> list[Any]:
+    return [entry[2] for entry in pool._idle]
+
+
+def _assert_dead(actors: Any) -> None:
+    import ray
+
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.ready.remote(), timeout=30)

@@ -1,9 +1,10 @@
 """``backend="ray"``: envs in Ray actors, several envs per actor, on any Ray cluster.
 
 Theory of operation.  The envs are split into W contiguous groups (as the
-process backend splits them), one per Ray actor.  Each actor builds its group
-from the cloudpickled factories into a `Group`,
-the very object a worker process hosts, and runs every request through the
+process backend splits them), one per Ray actor.  An actor starts empty; once
+Ray has placed it (a wait bounded by ``placement_timeout``), its ``load`` call
+builds its group from the cloudpickled factories into a `Group`, the very object
+a worker process hosts, and it runs every request through the
 group's flows (``step_flow``, ``call_flow``, ``rebuild_flow``): the per-env
 rules (autoreset, errors as values) are written once, in the core, and driven
 here.  The actor is an async actor limited to one call at a time, so its calls
@@ -28,8 +29,13 @@ the late reply is dropped.  An actor that dies (killed, its process or its
 node lost) fails its envs in flight with ``WorkerDiedError`` and leaves all its
 envs *lost*: any later call on them fails the same way at once, until
 ``rebuild`` starts a new actor for the group (envs of the group not rebuilt
-stay lost).  ``rebuild`` of an env whose actor is still busy with an
-abandoned call kills and replaces that actor.
+stay lost; the vector env's ``reset()`` rebuilds the lost envs it resets).
+``rebuild`` of an env whose actor is still busy with an abandoned call kills and
+replaces that actor.
+
+On ``aclose`` the actors are killed, or, with an `ActorPool`, those whose envs
+all closed cleanly are kept idle for the next vector env to ``load`` its own
+group into: a new actor costs a process start, a pooled one a remote call.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -65,7 +72,7 @@ from aiovec.backends._worker import (
 )
 from aiovec.backends.process import split
 
-__all__ = ("ACTOR_OPTIONS", "RayBackend")
+__all__ = ("ACTOR_OPTIONS", "ActorPool", "RayBackend")
 
 ACTOR_OPTIONS = frozenset(
     {
@@ -80,6 +87,12 @@ ACTOR_OPTIONS = frozenset(
     }
 )
 """The Ray actor options ``backend_options`` may hold (passed to ``.options()``)."""
+POOL_OPTION = "actor_pool"
+"""A ``backend_options`` entry of aiovec's own: an `ActorPool` to take actors from."""
+PLACEMENT_OPTION = "placement_timeout"
+"""A ``backend_options`` entry of aiovec's own: seconds a new actor may take to be placed."""
+PLACEMENT_TIMEOUT = 120.0
+"""The default ``placement_timeout``: a new actor's wait for resources and a process."""
 
 _DEFAULT_OPTIONS: dict[str, Any] = {
     # A token share of a CPU: actors that reserve nothing once placed (Ray's
@@ -106,21 +119,35 @@ async def _drive(flow: GroupFlow[T]) -> T:
 
 
 class _GroupActor:
-    """The Ray actor hosting one group of envs (an async actor: envs may be async)."""
+    """The Ray actor hosting one group of envs (an async actor: envs may be async).
 
-    def __init__(self, factories: bytes, first: int) -> None:
+    It starts empty: `placed` answers once Ray has placed it and its process
+    runs, and `load` builds a group in it (again for each vector env that takes
+    it from an `ActorPool`).
+    """
+
+    def __init__(self) -> None:
         self.group: Group | None = None
         self.raw: np.ndarray | None = None  # the group's step arrays, as bytes
+        self.failed: tuple[Any, ...] = ("failed", 0, RuntimeError("no group loaded"), False)
+
+    async def placed(self) -> None:
+        """Answers once the actor runs (for a bounded wait on its placement)."""
+
+    async def load(self, factories: bytes, first: int) -> tuple[Any, ...]:
+        """Build the group of envs ``factories`` (the first is env ``first``); as `ready`."""
+        self.group = self.raw = None
         try:
             self.group = Group(cloudpickle.loads(factories), first)
         except _BuildFailed as failed:
             self.failed = ("failed", failed.index, _portable(failed.error), failed.by_factory)
-            return
+            return self.failed
         observation_space, action_space = self.group.spaces
         layout = StepLayout.of(observation_space, action_space, len(self.group.envs))
         if layout is not None:
             self.raw = np.zeros(layout.nbytes, dtype=np.uint8)
             self.group.use_buffer(layout, self.raw.data, 0)
+        return await self.ready()
 
     async def ready(self) -> tuple[Any, ...]:
         """``("ready", traits, node id)`` or ``("failed", index, error, by_factory)``."""
@@ -147,13 +174,99 @@ class _GroupActor:
 _RemoteGroup = ray.remote(max_restarts=0, max_concurrency=1)(_GroupActor)
 
 
+class ActorPool:
+    """Idle Ray actors, kept when a vector env closes for the next one to host its envs in.
+
+    Starting an actor starts a Python process that imports Ray, numpy, gymnasium
+    and aiovec (about a second, most of it CPU, per actor); loading a new group of
+    envs into an idle actor is one remote call.  Pass the pool to every vector env
+    that should share it (``backend_options={"actor_pool": pool}``): on `close`,
+    each actor whose envs all closed cleanly (no error, no call still running,
+    alive) goes back to the pool instead of being killed, and a later vector env
+    with the same actor options takes idle actors (spread over their nodes) before
+    starting new ones.  An idle actor keeps the resources it reserved (``num_cpus``
+    and so on) and its process: what the last envs left in it (module globals,
+    threads they did not stop) stays, as in Ray's own reused task workers.
+
+    Closing the pool kills its idle actors; actors given back to a closed pool are
+    killed at once.  Use it as a context manager, or call `close`.
+
+    Args:
+        max_idle: The most idle actors kept; one more given back is killed.
+    """
+
+    def __init__(self, max_idle: int = 64) -> None:
+        if max_idle < 0:
+            raise ValueError(f"max_idle must be >= 0, got {max_idle}")
+        self.max_idle = max_idle
+        self._lock = threading.Lock()
+        self._idle: list[tuple[dict[str, Any], str, Any, str | None]] = []
+        self._closed = False
+        self.reused = 0
+        """How many actors vector envs took from the pool so far."""
+
+    def __len__(self) -> int:
+        """How many idle actors the pool holds."""
+        return len(self._idle)
+
+    def __enter__(self) -> ActorPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    def take(self, options: Mapping[str, Any], count: int) -> list[tuple[Any, str | None]]:
+        """Up to ``count`` idle actors made with ``options``: (handle, node id), nodes spread."""
+        job = _job_id()
+        with self._lock:
+            self._idle = [entry for entry in self._idle if entry[1] == job]  # others ended
+            matching = [k for k, entry in enumerate(self._idle) if entry[0] == options]
+            chosen: list[int] = []
+            nodes: set[str | None] = set()
+            for k in matching:  # one per node first, then any
+                if len(chosen) < count and self._idle[k][3] not in nodes:
+                    chosen.append(k)
+                    nodes.add(self._idle[k][3])
+            chosen += [k for k in matching if k not in chosen][: count - len(chosen)]
+            taken = [(self._idle[k][2], self._idle[k][3]) for k in chosen]
+            self._idle = [entry for k, entry in enumerate(self._idle) if k not in chosen]
+            self.reused += len(taken)
+        return taken
+
+    def give(self, options: Mapping[str, Any], handle: Any, node_id: str | None) -> None:
+        """Keep an actor made with ``options``, its envs closed; kill it if full or closed."""
+        with self._lock:
+            if not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append((dict(options), _job_id(), handle, node_id))
+                return
+        _kill(handle)
+
+    def close(self) -> None:
+        """Kill every idle actor; actors given back from now on are killed at once."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        if not ray.is_initialized():  # Ray shut down: the actors went with their job
+            return
+        job = _job_id()
+        for _, made_in, handle, _ in idle:
+            if made_in == job:  # else its job ended, and the actor with it
+                _kill(handle)
+
+
 class _Actor:
     """The parent's handle on one actor: its group of envs, its node, whether it lives."""
 
-    __slots__ = ("alive", "group", "handle", "layout", "node_id")
+    __slots__ = ("alive", "group", "handle", "layout", "node_id", "placed", "reused")
 
-    def __init__(self, handle: Any, group: range) -> None:
-        self.handle, self.group = handle, group
+    def __init__(self, handle: Any, group: range, reused: bool = False) -> None:
+        self.handle, self.group, self.reused = handle, group, reused
+        self.placed: Any = None  # a new actor's ref that answers once it runs
         self.alive = True
         self.node_id: str | None = None
         self.layout: StepLayout | None = None  # of its step arrays
@@ -185,10 +298,12 @@ class RayBackend(Backend):
         num_workers: How many actors (default: one per CPU of the cluster).
         limiter: Not used: each actor runs its group's calls itself, as a process
             worker does.
-        options: Ray actor options for every actor (`ACTOR_OPTIONS`).
+        options: Ray actor options for every actor (`ACTOR_OPTIONS`), and an
+            `ActorPool` to take actors from and give them back to
+            (``"actor_pool"``).
     """
 
-    OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS
+    OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS | {POOL_OPTION, PLACEMENT_OPTION}
 
     def __init__(
         self,
@@ -201,7 +316,15 @@ class RayBackend(Backend):
         if not ray.is_initialized():  # as Ray would on first use: RAY_ADDRESS, or a local one
             ray.init()
         self._fns = list(env_fns)
-        self._options = {**_DEFAULT_OPTIONS, **(options or {})}
+        options = dict(options or {})
+        self._pool: ActorPool | None = options.pop(POOL_OPTION, None)
+        if self._pool is not None and not isinstance(self._pool, ActorPool):
+            raise TypeError(
+                f"backend_options[{POOL_OPTION!r}] must be an aiovec.backends.ray.ActorPool, "
+                f"got {type(self._pool).__name__}"
+            )
+        self._placement_timeout = _check_timeout(options.pop(PLACEMENT_OPTION, PLACEMENT_TIMEOUT))
+        self._options = {**_DEFAULT_OPTIONS, **options}
         self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
         count = min(num_workers or _cluster_cpus(), self.num_envs)
         groups = split(self.num_envs, count)
@@ -214,10 +337,13 @@ class RayBackend(Backend):
         self._receive: StepArrays | None = None  # step rows, copied out of the replies
         self._finalizer = weakref.finalize(self, _kill_all, self._actors)
         try:
-            self._actors.extend(self._start(group) for group in groups)
-            refs = [actor.handle.ready.remote() for actor in self._actors]
-            replies = [_ready(a, ref) for a, ref in zip(self._actors, refs, strict=True)]
-            traits = [self._check_ready(a, r) for a, r in zip(self._actors, replies, strict=True)]
+            idle = self._pool.take(self._options, len(groups)) if self._pool else []
+            refs = []
+            for k, group in enumerate(groups):
+                actor, placed, loaded = self._start(group, idle[k] if k < len(idle) else None)
+                self._actors.append(actor)
+                refs.append((placed, loaded))
+            traits = [self._await_ready(w, *pair) for w, pair in enumerate(refs)]
             self.traits = EnvTraits(
                 [space for t in traits for space in t.observation_spaces],
                 [space for t in traits for space in t.action_spaces],
@@ -240,6 +366,11 @@ class RayBackend(Backend):
         return len(self._actors)
 
     @property
+    def lost(self) -> frozenset[int]:
+        """Envs whose actor died, until `rebuild` replaces it."""
+        return frozenset(self._lost)
+
+    @property
     def node_ids(self) -> tuple[str | None, ...]:
         """The Ray node each actor runs on (for diagnostics and tests)."""
         return tuple(actor.node_id for actor in self._actors)
@@ -252,7 +383,14 @@ class RayBackend(Backend):
     def _new_results(self) -> Rows:
         return Rows()
 
-    def _start(self, group: range) -> _Actor:
+    def _start(
+        self, group: range, idle: tuple[Any, str | None] | None = None
+    ) -> tuple[_Actor, Any, Any]:
+        """An actor for ``group`` (``idle``: one from the pool) loading its envs.
+
+        Returns the actor, the ref that answers once it is placed (``None`` for an
+        idle one: placed long ago), and the ref of its `_GroupActor.load` reply.
+        """
         try:
             payload = cloudpickle.dumps([self._fns[i] for i in group])
         except Exception as exc:
@@ -260,7 +398,48 @@ class RayBackend(Backend):
                 f"env_fns[{group.start}:{group.stop}] cannot be sent to a Ray actor "
                 f"(they must pickle with cloudpickle): {exc}"
             ) from exc
-        return _Actor(self._remote.remote(payload, group.start), group)
+        if idle is None:
+            actor = _Actor(self._remote.remote(), group)
+            actor.placed = actor.handle.placed.remote()
+        else:
+            actor = _Actor(idle[0], group, reused=True)
+            actor.node_id = idle[1]
+        return actor, actor.placed, actor.handle.load.remote(payload, group.start)
+
+    def _await_ready(self, w: int, placed: Any, loaded: Any) -> EnvTraits:
+        """The traits actor ``w`` reports (construction: no loop, this waits on Ray).
+
+        A new actor must be placed within the placement timeout; an idle one found
+        dead (its node lost, ...) is replaced by a new one.
+        """
+        actor = self._actors[w]
+        if placed is not None:
+            try:
+                ray.get(placed, timeout=self._placement_timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise self._not_placed(actor) from None
+            except _DEATHS:  # its load fails the same way: reported below
+                pass
+        elif actor.reused:
+            try:
+                ray.get(loaded)
+            except ray.exceptions.RayActorError:
+                actor.alive = False
+                actor, placed, loaded = self._start(actor.group)
+                self._actors[w] = actor
+                return self._await_ready(w, placed, loaded)
+            except _DEATHS:  # reported below
+                pass
+        return self._check_ready(actor, _ready(actor, loaded))
+
+    def _not_placed(self, actor: _Actor) -> TimeoutError:
+        asks = {k: v for k, v in self._options.items() if k not in ("runtime_env",)}
+        return TimeoutError(
+            f"the {actor.describe()} was not placed within {self._placement_timeout} s: no "
+            f"node of the Ray cluster can take an actor with {asks} (were the resources on a "
+            f"lost node? is the cluster still scaling up? then raise "
+            f"backend_options[{PLACEMENT_OPTION!r}])"
+        )
 
     def _check_ready(self, actor: _Actor, reply: tuple[Any, ...]) -> EnvTraits:
         """The traits a new actor reported (its node noted), or its construction's error."""
@@ -422,9 +601,9 @@ class RayBackend(Backend):
             return
         for i in waiting:
             self._waiting_on[i] = None
-        died = RuntimeError(f"the {actor.describe()} died: {cause}")
-        died.__cause__ = cause
-        error = WorkerDiedError(dict.fromkeys(waiting, died), actor.describe())
+        # the cause of death itself (as the process backend gives its worker's), and where
+        cause.add_note(f"(the {actor.describe()})")
+        error = WorkerDiedError(dict.fromkeys(waiting, cause), actor.describe())
         for i in waiting:
             self._finish(i, None, error)
 
@@ -469,10 +648,18 @@ class RayBackend(Backend):
         if actor.alive:
             ray.kill(actor.handle, no_restart=True)
             self._on_death(actor, RuntimeError("killed to be replaced"))
-        new = self._actors[w] = self._start(actor.group)
+        new, placed, loaded = self._start(actor.group)
+        self._actors[w] = new
         new.layout = actor.layout
-        reply = await _future(new.handle.ready.remote())
-        traits = self._check_ready(new, reply)
+        try:
+            await asyncio.wait_for(_future(placed), self._placement_timeout)
+        except TimeoutError:
+            new.alive = False
+            _kill(new.handle)
+            return dict.fromkeys(envs, self._not_placed(new))
+        except _DEATHS:  # its load fails the same way: raised below
+            pass
+        traits = self._check_ready(new, await _future(loaded))
         for i in envs:
             for kind, space, want in (
                 ("observation_space", traits.observation_spaces[i - first], self._spaces[0]),
@@ -488,15 +675,29 @@ class RayBackend(Backend):
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env still hosted, then kill every actor."""
         alive = [i for i in range(self.num_envs) if i not in self._lost]
+        errors: dict[int, BaseException] | None = None
         try:
-            return await self._close_envs(alive, _CLOSE_TIMEOUT)
+            errors = await self._close_envs(alive, _CLOSE_TIMEOUT)
+            return errors
         finally:
+            if errors is not None and self._pool is not None:
+                self._give_back(self._pool, errors)
             self._finalizer()
+
+    def _give_back(self, pool: ActorPool, errors: Mapping[int, BaseException]) -> None:
+        """Give the pool every live actor whose envs all closed cleanly (the rest are killed)."""
+        for actor in self._actors:
+            clean = not any(i in errors or i in self._stuck for i in actor.group)
+            if actor.alive and clean:
+                actor.alive = False  # not the finalizer's to kill any more
+                pool.give(self._options, actor.handle, actor.node_id)
 
     def close_now(self) -> None:
         """Without a loop (construction failed): close the envs (best effort), kill the actors."""
         closes = []
         for actor in self._actors:
+            if actor.placed is not None and not ray.wait([actor.placed], timeout=0)[0]:
+                continue  # not placed (yet): it hosts no env to close
             local = list(range(len(actor.group)))
             close = CallOp([CLOSE] * len(local), "close")
             try:
@@ -509,17 +710,28 @@ class RayBackend(Backend):
 
 
 def _ready(actor: _Actor, ref: Any) -> tuple[Any, ...]:
-    """A new actor's first reply (construction has no loop: this waits on Ray)."""
+    """An actor's reply to ``load`` (construction has no loop: this waits on Ray)."""
     try:
         reply: tuple[Any, ...] = ray.get(ref)
     except _DEATHS as exc:
         died = RuntimeError(
-            f"the {actor.describe()} died as it started: {exc}; can it unpickle the env "
+            f"the {actor.describe()} failed as it started: {exc}; can it unpickle the env "
             "factories? (aiovec and the code that defines them must be importable on every "
             "node: installed there, or shipped with runtime_env)"
         )
         raise WorkerDiedError(dict.fromkeys(actor.group, died), "env_fns[...]()") from exc
     return reply
+
+
+def _check_timeout(value: Any) -> float | None:
+    """``placement_timeout``: ``None`` (wait as long as Ray does) or positive seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(
+            f"backend_options[{PLACEMENT_OPTION!r}] must be None or seconds > 0, got {value!r}"
+        )
+    return float(value)
 
 
 def _cluster_cpus() -> int:
@@ -554,7 +766,16 @@ def _kill_all(actors: list[_Actor]) -> None:
     for actor in actors:
         if actor.alive:
             actor.alive = False
-            try:
-                ray.kill(actor.handle, no_restart=True)
-            except Exception:  # Ray already shut down: the actor went with it
-                continue
+            _kill(actor.handle)
+
+
+def _kill(handle: Any) -> None:
+    """Kill an actor (it is not restarted)."""
+    with contextlib.suppress(Exception):  # Ray already shut down: the actor went with it
+        ray.kill(handle, no_restart=True)
+
+
+def _job_id() -> str:
+    """The Ray job this driver runs (actors of an earlier job are gone with it)."""
+    job: str = ray.get_runtime_context().get_job_id()
+    return job
