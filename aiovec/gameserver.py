@@ -1170,11 +1170,11 @@ class _ClientConnection(asyncio.Protocol):
         waiter = self._waiter
         if not payloads:  # the reply is not complete yet
             if waiter is None:
-                self._fail(self._unexpected())
+                self._fail(_unexpected_data(self._where))
             return
         self._waiter = None
         if waiter is None or len(payloads) > 1 or self._frames.pending:
-            self._fail(self._unexpected())  # fails the next request, not this reply
+            self._fail(_unexpected_data(self._where))  # fails the next request, not this reply
         if waiter is not None and not waiter.done():
             waiter.set_result(payloads[0])
 
@@ -1189,9 +1189,6 @@ class _ClientConnection(asyncio.Protocol):
             self._fail(error)
         if not self.closed.done():
             self.closed.set_result(None)
-
-    def _unexpected(self) -> ProtocolError:
-        return ProtocolError(f"game server at {self._where} sent data with no request in flight")
 
     def _fail(self, exc: Exception) -> None:
         """Fail the request in flight, if any, and every later one."""
@@ -1290,8 +1287,13 @@ class BlockingGameClientEnv(_ClientSettings, gymnasium.Env[Obs, np.int64]):
                 raise _closed_error(frames, self._where)
             payloads = frames.feed(data)
         if len(payloads) > 1 or frames.pending:
-            raise ProtocolError(f"game server at {self._where} sent data with no request in flight")
+            raise _unexpected_data(self._where)
         return payloads[0]
+
+
+def _unexpected_data(where: str) -> ProtocolError:
+    """The error for bytes a client got beyond the one reply it waited for."""
+    return ProtocolError(f"game server at {where} sent data with no request in flight")
 
 
 def _closed_error(frames: _Frames, where: str) -> ConnectionResetError:
