@@ -86,6 +86,7 @@ def test_arrays_never_overlap_and_start_on_cache_lines() -> None:
         layout.rewards,
         layout.terminations,
         layout.truncations,
+        layout.resets,
     ]
     spans = sorted((leaf.offset, leaf.offset + leaf.nbytes) for leaf in leaves)
     assert all(start % 64 == 0 for start, _ in spans)

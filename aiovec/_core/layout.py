@@ -254,6 +254,7 @@ class StepLayout(NamedTuple):
     rewards: Leaf
     terminations: Leaf
     truncations: Leaf
+    resets: Leaf  # per env: this step resets it first (``NEXT_STEP`` autoreset)
 
     @classmethod
     def of(
@@ -269,8 +270,8 @@ class StepLayout(NamedTuple):
         actions = Layout.of(action_space, num_envs, observations.end)
         end = observations.end if actions is None else actions.end
         leaves = []
-        for dtype in (np.dtype(np.float64), np.dtype(np.bool_), np.dtype(np.bool_)):
-            leaf = Leaf((num_envs,), dtype, _aligned(end), False)
+        for dtype in (np.float64, np.bool_, np.bool_, np.bool_):
+            leaf = Leaf((num_envs,), np.dtype(dtype), _aligned(end), False)
             end = leaf.offset + leaf.nbytes
             leaves.append(leaf)
         return cls(observations, actions, *leaves)
@@ -278,7 +279,7 @@ class StepLayout(NamedTuple):
     @property
     def nbytes(self) -> int:
         """The size of the buffer."""
-        return self.truncations.offset + self.truncations.nbytes
+        return self.resets.offset + self.resets.nbytes
 
     def arrays(self, buffer: Any) -> StepArrays:
         """Views of every part of the layout on ``buffer``."""
@@ -292,6 +293,7 @@ class StepLayout(NamedTuple):
             flat(self.rewards),
             flat(self.terminations),
             flat(self.truncations),
+            flat(self.resets),
         )
 
 
@@ -303,3 +305,4 @@ class StepArrays(NamedTuple):
     rewards: np.ndarray
     terminations: np.ndarray
     truncations: np.ndarray
+    resets: np.ndarray

@@ -13,7 +13,21 @@ import struct
 from multiprocessing import reduction
 from typing import Any
 
-__all__ = ("READ_SIZE", "Frames", "SharedFile", "frame", "write_all")
+from gymnasium.vector import AutoresetMode
+
+__all__ = (
+    "LEAN",
+    "MODES",
+    "READ_SIZE",
+    "Frames",
+    "SharedFile",
+    "frame",
+    "lean_reply",
+    "lean_step",
+    "read_lean_reply",
+    "read_lean_step",
+    "write_all",
+)
 
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
@@ -86,3 +100,39 @@ class SharedFile:
 
 def _rebuild_shared_file(duplicate: Any) -> SharedFile:
     return SharedFile(duplicate.detach())
+
+
+# -- the lean step -------------------------------------------------------------------
+#
+# A whole step whose actions fit the shared buffer needs no pickle either way: the
+# parent writes the actions and each env's reset flag into the buffer and sends each
+# worker ``LEAN`` + (seq, autoreset mode); a worker whose envs all wrote exactly
+# into the buffer, with empty infos and nothing else to say, answers ``LEAN`` +
+# (seq).  Every other message is a pickle, whose first byte is never ``LEAN``.
+
+LEAN = 0x53  # b"S"; a pickle (protocol >= 2) starts with 0x80
+MODES = tuple(mode.value for mode in AutoresetMode)  # by code
+_LEAN_STEP = struct.Struct("<BqB")
+_LEAN_REPLY = struct.Struct("<Bq")
+
+
+def lean_step(seq: int, mode: str) -> bytes:
+    """The framed request: step every env of the group from the shared buffer."""
+    return frame(_LEAN_STEP.pack(LEAN, seq, MODES.index(mode)))
+
+
+def read_lean_step(payload: bytes) -> tuple[int, str]:
+    """``(seq, mode)`` of a `lean_step` payload."""
+    _, seq, mode = _LEAN_STEP.unpack(payload)
+    return seq, MODES[mode]
+
+
+def lean_reply(seq: int) -> bytes:
+    """The framed reply: request ``seq`` done, everything is in the buffer."""
+    return frame(_LEAN_REPLY.pack(LEAN, seq))
+
+
+def read_lean_reply(payload: bytes) -> int:
+    """The ``seq`` of a `lean_reply` payload."""
+    _, seq = _LEAN_REPLY.unpack(payload)
+    return int(seq)

@@ -16,6 +16,10 @@ group):
   odd))`` carries only what did not: errors, infos that are not empty,
   ``SAME_STEP`` finals, and whole transitions that did not fit (``odd``), all
   by position.  Without a shared buffer, every transition is ``odd``.
+- The lean step (``_wire.lean_step``, not a pickle): the same step of the whole
+  group, its actions and reset flags read from the shared buffer.  When the
+  reply would say nothing (every transition in the buffer, no info, no final,
+  no error), it is the fixed-size ``_wire.lean_reply``.
 - ``(seq, CALL, locals, op)``: one call per env; reply ``(seq, outcomes)``
   with one ``(value, error)`` per env.
 - ``(seq, REBUILD, locals)``: close those envs (best effort) and build new ones;
@@ -54,7 +58,16 @@ from aiovec._core.ops import CallOp
 from aiovec._env import is_async_env
 from aiovec.backends._base import EnvTraits, check_env, check_rebuilt, close_quietly
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
-from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame, write_all
+from aiovec.backends._wire import (
+    LEAN,
+    READ_SIZE,
+    Frames,
+    SharedFile,
+    frame,
+    lean_reply,
+    read_lean_step,
+    write_all,
+)
 
 __all__ = ("ATTACH", "CALL", "REBUILD", "STEP", "Group", "GroupFlow", "main")
 
@@ -149,6 +162,9 @@ class Group:
             if not data:  # the parent is gone
                 return
             for payload in frames.feed(data):
+                if payload[0] == LEAN:
+                    self._lean_step(payload, replies)
+                    continue
                 request = pickle.loads(payload)
                 if request is None:
                     return
@@ -162,6 +178,15 @@ class Group:
                 else:
                     reply = self.attach(*args)
                 _send(replies, (seq, reply))
+
+    def _lean_step(self, payload: bytes, replies: int) -> None:
+        """Step every env from the shared buffer; the lean reply if all went there."""
+        seq, mode = read_lean_step(payload)
+        reply = self.step(range(len(self.envs)), mode, None, None)
+        if any(reply[1:]):
+            _send(replies, (seq, reply))
+        else:
+            write_all(replies, lean_reply(seq))
 
     # -- the shared step buffer -----------------------------------------------------
 
@@ -182,18 +207,25 @@ class Group:
         self.arrays = layout.arrays(buffer)
         self.write_obs = layout.observations.writer(self.arrays.observations)
 
+    def _rows(self, locals_: Sequence[int]) -> slice | list[int]:
+        first = self.first
+        if isinstance(locals_, range):
+            return slice(first + locals_.start, first + locals_.stop)
+        return [first + j for j in locals_]
+
     def _shared_actions(self, locals_: Sequence[int]) -> list[Any]:
         """This step's actions of envs ``locals_``, copied out of the shared buffer."""
         assert self.layout is not None
         assert self.layout.actions is not None
         assert self.arrays is not None
-        first = self.first
-        if isinstance(locals_, range):
-            rows: slice | list[int] = slice(first + locals_.start, first + locals_.stop)
-        else:
-            rows = [first + j for j in locals_]
-        batch = take_rows(self.arrays.actions, rows)
+        batch = take_rows(self.arrays.actions, self._rows(locals_))
         return self.layout.actions.split(batch, len(locals_))
+
+    def _shared_resets(self, locals_: Sequence[int]) -> list[bool]:
+        """This step's reset flags of envs ``locals_``, out of the shared buffer."""
+        assert self.arrays is not None
+        resets: list[bool] = self.arrays.resets[self._rows(locals_)].tolist()
+        return resets
 
     # -- requests -------------------------------------------------------------------
 
@@ -201,7 +233,7 @@ class Group:
         self,
         locals_: Sequence[int],
         mode: str,
-        reset_first: Sequence[bool],
+        reset_first: Sequence[bool] | None,
         actions: Sequence[Any] | None,
     ) -> StepReply:
         """Step envs ``locals_``: sync envs now, then async envs together."""
@@ -211,12 +243,14 @@ class Group:
         self,
         locals_: Sequence[int],
         mode: str,
-        reset_first: Sequence[bool],
+        reset_first: Sequence[bool] | None,
         actions: Sequence[Any] | None,
     ) -> GroupFlow[StepReply]:
-        """The flow of `step`."""
+        """The flow of `step` (``None``: the resets or actions are in the shared buffer)."""
         if actions is None:
             actions = self._shared_actions(locals_)
+        if reset_first is None:
+            reset_first = self._shared_resets(locals_)
         errors: dict[int, BaseException] = {}
         infos: dict[int, dict[str, Any]] = {}
         finals: dict[int, dict[str, Any]] = {}

@@ -62,9 +62,18 @@ from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
+from aiovec._runner import driven_by_hand
 from aiovec.backends import _worker
 from aiovec.backends._base import Backend, EnvTraits
-from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame
+from aiovec.backends._wire import (
+    LEAN,
+    READ_SIZE,
+    Frames,
+    SharedFile,
+    frame,
+    lean_step,
+    read_lean_reply,
+)
 
 __all__ = ("START_METHOD", "ProcessBackend")
 
@@ -81,6 +90,7 @@ _CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandone
 _GRACE = 2.0  # seconds workers get to exit once asked, before terminate, then kill
 _STOP = frame(pickle.dumps(None))
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+_CLEAN_STEP: _worker.StepReply = (_worker.STEP, {}, {}, {}, {})  # what a lean reply says
 
 
 class _Worker:
@@ -292,7 +302,10 @@ class ProcessBackend(Backend):
         """Send a request (``data``: already pickled), queueing what the pipe cannot take."""
         if data is None:
             data = pickle.dumps(message, _PROTOCOL)
-        data = frame(data)
+        self._post_framed(worker, frame(data))
+
+    def _post_framed(self, worker: _Worker, data: bytes) -> None:
+        """`_post` a message already framed."""
         if not worker.outbox:
             try:
                 written = os.write(worker.requests.fileno(), data)
@@ -366,7 +379,16 @@ class ProcessBackend(Backend):
             self._on_exit(worker)
             return
         for payload in worker.frames.feed(data):
-            self._deliver(worker, pickle.loads(payload))
+            self._receive(worker, payload)
+
+    def _receive(self, worker: _Worker, payload: bytes) -> None:
+        if payload[0] == LEAN:  # a step whose every result is in the buffer
+            seq = read_lean_reply(payload)
+            request = self._requests.pop(seq, None)
+            if request is not None:
+                self._deliver_step(seq, request, _CLEAN_STEP)
+            return
+        self._deliver(worker, pickle.loads(payload))
 
     def _deliver(self, worker: _Worker, message: tuple[int, Any]) -> None:
         seq, reply = message
@@ -445,7 +467,7 @@ class ProcessBackend(Backend):
             os.set_blocking(worker.replies.fileno(), False)
             while data := os.read(worker.replies.fileno(), READ_SIZE):
                 for payload in worker.frames.feed(data):
-                    self._deliver(worker, pickle.loads(payload))
+                    self._receive(worker, payload)
         self._unwatch(worker)
         worker.alive = False
         worker.close_pipes()
@@ -484,6 +506,9 @@ class ProcessBackend(Backend):
                 self._started[i] = since
         if indices == self._all and not self._lost:  # each worker gets its whole group
             in_buffer = self._actions_in_buffer(op)
+            if in_buffer:
+                self._lean_step(op, since)
+                return
             for worker in self._workers:
                 group = worker.group
                 self._request(worker, group, op.subset(group), since, in_buffer)
@@ -500,6 +525,30 @@ class ProcessBackend(Backend):
         if layout is None or layout.actions is None or arrays is None:
             return False
         return layout.actions.fill(arrays.actions, op.batch)
+
+    def _lean_step(self, op: Op, since: float) -> None:
+        """A whole step whose actions are in the buffer: its reset flags go there too.
+
+        Every request is made before any is written, so that the workers start
+        together: a worker woken while the parent still works shares its core.
+        """
+        assert isinstance(op, StepOp)
+        assert self._shared is not None
+        assert self._shared.arrays is not None
+        self._shared.arrays.resets[:] = op.reset_first
+        mode = op.mode.value
+        out = []
+        for worker in self._workers:
+            self._seq += 1
+            seq, group = self._seq, worker.group
+            self._env_seq[group.start : group.stop] = [seq] * len(group)
+            self._requests[seq] = _Request(worker, group, since)
+            out.append((worker, lean_step(seq, mode)))
+        for worker, data in out:
+            try:
+                self._post_framed(worker, data)
+            except OSError:  # it died; its sentinel may not have woken the loop yet
+                self._on_exit(worker)
 
     def _parts(self, indices: Sequence[int], op: Op) -> Iterable[tuple[_Worker, list[int], Op]]:
         """Each worker's part of ``op`` (envs of dead workers fail at once)."""
@@ -580,6 +629,61 @@ class ProcessBackend(Backend):
         except OSError:
             self._on_exit(worker)
         return future
+
+    async def collect(
+        self,
+        min_done: int,
+        timeout: float | None = None,  # noqa: ASYNC109  (returns what finished by then)
+    ) -> tuple[Any, dict[int, BaseException]]:
+        """As `Backend.collect`; a blocking caller's wait is a plain ``select``.
+
+        Driven by hand by a blocking `Runner` (`driven_by_hand`), nothing else
+        can run on the loop meanwhile, and every outcome comes through this
+        backend's own pipes and sentinels: waiting on them here spares the task
+        and the loop iterations a suspension costs.
+        """
+        if not driven_by_hand():
+            return await super().collect(min_done, timeout)
+        self._wanted = min_done
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._satisfied():
+            wait_s = None if deadline is None else deadline - time.monotonic()
+            if wait_s is not None and wait_s <= 0:
+                break
+            readers: dict[int, tuple[Callable[[_Worker], None], _Worker]] = {}
+            writers: dict[int, _Worker] = {}
+            awaited = self._awaited()
+            for worker in self._workers:
+                if worker.alive:
+                    readers[worker.process.sentinel] = (self._on_exit, worker)
+                    if worker in awaited:
+                        readers[worker.replies.fileno()] = (self._on_readable, worker)
+                    if worker.outbox:
+                        writers[worker.requests.fileno()] = worker
+            readable, writable, _ = select.select(list(readers), list(writers), [], wait_s)
+            for fd in writable:
+                self._flush(writers[fd])
+            for fd in readable:
+                handler, worker = readers[fd]
+                handler(worker)
+        return self.take()
+
+    def _awaited(self) -> Sequence[_Worker]:
+        """The workers whose replies a blocking wait listens to.
+
+        When every outcome in flight is wanted (a whole step), only the newest
+        request's worker: it was started last and usually ends last, and the
+        others' replies are read once it has answered.  One wake-up per step,
+        not one per worker: a parent woken early runs on some worker's core
+        while that worker still steps its envs.
+        """
+        if self._requests and self._wanted >= (
+            len(self.pending) + len(self._results) + len(self._errors)
+        ):
+            request = self._requests[next(reversed(self._requests))]
+            if request.future is None and not request.partial and request.worker.alive:
+                return (request.worker,)
+        return self._workers
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Abandon the calls in flight (of ``indices``, or all): workers run them to the end."""
