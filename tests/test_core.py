@@ -399,3 +399,14 @@ def test_latency_summary_per_env_and_overall():
     assert stats.overall_p50 == pytest.approx(np.median([0.1, 0.2, 0.3, 2, 3, 4, 5]))
     book.clear()
     assert np.isnan(book.summary().overall_p99)
+
+
+def test_latency_of_envs_that_ended_together():
+    book = LatencyBook(5, window=2)
+    book.record_many(range(1, 4), 1.0)  # a worker's group
+    book.record_many([4, 0], 2.0)  # any envs
+    book.record_many(range(2, 4), 3.0)
+    book.record_many(range(3, 4), 4.0)  # one more than the window: the oldest goes
+    stats = book.summary()
+    assert stats.count.tolist() == [1, 1, 2, 2, 1]
+    assert stats.mean.tolist() == pytest.approx([2.0, 1.0, 2.0, 3.5, 2.0])

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import mmap
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 from typing import Any
@@ -15,6 +17,9 @@ import pytest
 from gymnasium import spaces
 
 import aiovec
+from aiovec._core.layout import StepArrays, StepLayout
+from aiovec._runner import Runner, driven_by_hand
+from aiovec.backends import _wire, _worker
 from aiovec.backends import process as process_backend
 from aiovec.testing import SpaceEnv
 
@@ -385,3 +390,155 @@ def test_a_main_module_without_the_guard_gets_a_hint(tmp_path: Any) -> None:
     assert done.returncode != 0
     assert "WorkerDiedError" in done.stderr
     assert "imports the main module anew" in done.stderr.splitlines()[-1]
+
+
+# -- the blocking wait and the lean step ------------------------------------------
+
+
+class Slow(Hang):
+    """Steps in ``delay`` seconds (an attribute; 0 by default)."""
+
+    delay = 0.0
+
+    def step(self, action: int) -> Any:
+        if self.delay:
+            threading.Event().wait(self.delay)
+        return np.full(2, float(action), np.float32), 1.0, False, False, {}
+
+
+def test_driven_by_hand_only_inside_a_blocking_runner() -> None:
+    async def probe() -> bool:
+        return driven_by_hand()
+
+    runner = Runner()
+    try:
+        assert runner.run(probe()) is True
+    finally:
+        runner.close()
+    assert asyncio.run(probe()) is False  # a running loop: wait through it
+
+
+def test_a_blocking_step_past_its_timeout_keeps_the_replies_that_came_in_time() -> None:
+    # A whole blocking step listens to the newest request's worker (env 1's) alone;
+    # at the deadline it must still read env 0's reply, which came long before.
+    with aiovec.BlockingVectorEnv(
+        [Slow] * 2, backend="process", num_workers=2, step_timeout=1.0
+    ) as venv:
+        venv.reset(seed=0)
+        venv.set_attr("delay", [0.0, 3.0])
+        with pytest.raises(aiovec.EnvTimeoutError) as info:
+            venv.step(np.zeros(2, np.int64))
+        assert set(info.value.errors) == {1}
+
+
+def test_a_whole_step_whose_first_worker_ends_last() -> None:
+    with aiovec.BlockingVectorEnv([Slow] * 4, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        venv.set_attr("delay", [0.2, 0.0, 0.0, 0.0])
+        obs, rewards, *_ = venv.step(np.array([1, 0, 1, 0]))
+        np.testing.assert_array_equal(obs[:, 0], [1.0, 0.0, 1.0, 0.0])
+        np.testing.assert_array_equal(rewards, [1.0] * 4)
+
+
+def _group(fns: list[Any]) -> tuple[_worker.Group, StepArrays]:
+    group = _worker.Group(fns, 0)
+    layout = StepLayout.of(*group.spaces, len(fns))
+    assert layout is not None
+    group.use_buffer(layout, mmap.mmap(-1, layout.nbytes), 0)
+    assert group.arrays is not None
+    return group, group.arrays
+
+
+def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
+    group, arrays = _group([Odd] * 3)
+    for j, env in enumerate(group.envs):
+        env.reset(seed=j)
+    read, write = os.pipe()
+    try:
+        replies = []
+        for seq in (7, 8):  # Odd's info is {"t": t} on odd steps only
+            arrays.actions[:] = [0, 1, 0]
+            arrays.resets[:] = False
+            group._lean_step(_wire.lean_step(seq, "NextStep")[4:], write)
+            (payload,) = _wire.Frames().feed(os.read(read, 1 << 16))
+            replies.append(payload)
+    finally:
+        os.close(read)
+        os.close(write)
+    first, second = replies
+    assert first[0] != _wire.LEAN
+    seq, (_, errors, infos, finals, odd) = pickle.loads(first)
+    assert (seq, errors, finals, odd) == (7, {}, {}, {})
+    assert infos == {j: {"t": 1} for j in range(3)}
+    assert second[0] == _wire.LEAN
+    assert _wire.read_lean_reply(second) == 8
+    np.testing.assert_array_equal(arrays.observations[:, 0], [2.0, 3.0, 2.0])
+
+
+class AsyncOdd(aiovec.AsyncEnv[np.ndarray, int]):
+    observation_space = Odd.observation_space
+    action_space = Odd.action_space
+
+    def __init__(self) -> None:
+        self.env = Odd()
+
+    async def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        return self.env.reset(seed=seed)
+
+    async def step(self, action: int) -> Any:
+        return self.env.step(action)
+
+
+class OddOrFails(Odd):
+    def step(self, action: int) -> Any:
+        if self.kind == "raise":
+            raise ValueError("no step today")
+        return super().step(action)
+
+
+@pytest.mark.parametrize(
+    ("fns", "kinds"),
+    [
+        ([OddOrFails] * 4, ["exact"] * 4),  # contiguous rows, all at once
+        ([OddOrFails, AsyncOdd, OddOrFails, OddOrFails], ["exact"] * 4),  # async last
+        ([OddOrFails] * 4, ["exact", "exact", "raise", "exact"]),  # a gap
+        ([OddOrFails] * 4, ["exact", "float64", "exact", "exact"]),  # env by env
+        ([OddOrFails] * 4, ["exact", "reward", "exact", "exact"]),
+    ],
+)
+def test_results_written_together_are_those_written_one_by_one(
+    fns: list[Any], kinds: list[str]
+) -> None:
+    together, one_by_one = _group(fns), _group(fns)
+    one_by_one[0]._bulk = None  # every transition through the per-env writer
+    replies = []
+    for group, arrays in (together, one_by_one):
+        for j, env in enumerate(group.envs):
+            inner = getattr(env, "env", env)
+            inner.reset(seed=j)
+            inner.kind = kinds[j]
+        for step in range(3):
+            arrays.observations[:] = -1.0  # nothing left from the last step
+            reply = group.step(range(4), "NextStep", [False] * 4, [step % 2, 1, 0, 1])
+            replies.append(
+                (reply[0], {j: type(e) for j, e in reply[1].items()}, *reply[2:4], set(reply[4]))
+            )
+        group.close()
+    half = len(replies) // 2
+    assert replies[:half] == replies[half:]
+    for name in ("observations", "rewards", "terminations", "truncations"):
+        np.testing.assert_array_equal(getattr(together[1], name), getattr(one_by_one[1], name))
+
+
+def test_actions_are_split_per_env_only_when_read() -> None:
+    from aiovec._core.batching import Batcher
+
+    batcher = Batcher(spaces.Box(-1.0, 1.0, (2,)), spaces.Discrete(3), 4, True)
+    batch = np.array([0, 2, 1, 2])
+    per_env = batcher.split_actions(batch)
+    assert per_env._items is None  # type: ignore[attr-defined]
+    assert list(per_env) == [0, 2, 1, 2]
+    assert per_env[1:3] == [2, 1]
+    assert pickle.loads(pickle.dumps(per_env)) == [0, 2, 1, 2]
+    with pytest.raises(ValueError, match="actions"):
+        batcher.split_actions(np.array([0, 2]))  # still checked at once

@@ -9,8 +9,8 @@ exactly what gymnasium's own ``VectorEnv._add_info`` gives env by env
 from __future__ import annotations
 
 import copy as copy_module
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 from gymnasium import spaces
@@ -102,11 +102,15 @@ class Batcher:
 
     # -- actions ---------------------------------------------------------------
 
-    def split_actions(self, actions: Any, count: int | None = None) -> list[Any]:
-        """Check a batch of actions (one per env, or ``count``) and split it per env."""
+    def split_actions(self, actions: Any, count: int | None = None) -> Sequence[Any]:
+        """Check a batch of actions (one per env, or ``count``) and split it per env.
+
+        A whole batch is split only when a backend first reads the result (a
+        process backend that copies the batch into shared memory never does).
+        """
         if count is None or count == self.num_envs:
             self._check_actions(actions)
-            return list(self._iterate(self.action_space, actions))
+            return PerEnv(self._iterate, self.action_space, actions)
         action_checker(self.single_action_space, count)(actions)
         return list(iterate(batch_space(self.single_action_space, count), actions))
 
@@ -234,6 +238,37 @@ class Batcher:
     def gather(self, indices: Sequence[int], results: Mapping[int, Any]) -> tuple[Any, ...]:
         """Per-env results of a broadcast call, as a tuple ordered by env index."""
         return tuple(results[i] for i in indices)
+
+
+class PerEnv(Sequence[Any]):
+    """The actions of a checked batch, one per env, split out on first use."""
+
+    __slots__ = ("_batch", "_items", "_iterate", "_space")
+
+    def __init__(self, iterate_: Any, space: spaces.Space[Any], batch: Any) -> None:
+        self._iterate, self._space, self._batch = iterate_, space, batch
+        self._items: list[Any] | None = None
+
+    def _values(self) -> list[Any]:
+        if self._items is None:
+            self._items = list(self._iterate(self._space, self._batch))
+        return self._items
+
+    @overload
+    def __getitem__(self, k: int) -> Any: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[Any]: ...
+    def __getitem__(self, k: int | slice) -> Any:
+        return self._values()[k]
+
+    def __len__(self) -> int:
+        return len(self._values())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return list, (self._values(),)
 
 
 def _info_entries(

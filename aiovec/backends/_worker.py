@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import mmap
+import operator
 import os
 import pickle
 import signal
@@ -91,6 +92,9 @@ StepReply = tuple[
 # so that the parent batches it with the usual rules (and their errors).
 _NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.int64, np.int32, np.bool_})
 _FLAGS = frozenset({bool, np.bool_})
+_DICTS = frozenset({dict})
+_ARRAYS = frozenset({np.ndarray})
+_shape = operator.attrgetter("shape")
 
 
 def main(
@@ -149,6 +153,8 @@ class Group:
         self.buffer: Any = None
         self.arrays: StepArrays | None = None
         self.write_obs: Callable[[int, Any], bool] = lambda i, value: False
+        # (observation rows, row shape, dtype) when observations are one array
+        self._bulk: tuple[np.ndarray, tuple[int, ...], np.dtype[Any]] | None = None
         self.first_row = first  # the row of the group's first env in ``arrays``
 
     def traits(self) -> EnvTraits:
@@ -206,6 +212,10 @@ class Group:
         self.first_row = first_row
         self.arrays = layout.arrays(buffer)
         self.write_obs = layout.observations.writer(self.arrays.observations)
+        leaves = layout.observations.leaves
+        self._bulk = None
+        if layout.observations.tree[0] == "leaf" and len(leaves[0].shape) > 1:  # one array
+            self._bulk = (self.arrays.observations, leaves[0].shape[1:], leaves[0].dtype)
 
     def _rows(self, locals_: Sequence[int]) -> slice | list[int]:
         first = self.first
@@ -256,6 +266,7 @@ class Group:
         finals: dict[int, dict[str, Any]] = {}
         odd: dict[int, Transition] = {}
         later: list[tuple[int, Any]] = []
+        stepped: dict[int, Transition] = {}  # in the order of ``locals_``, async envs last
         envs, flows, is_async = self.envs, self.flows, self.is_async
         for k, j in enumerate(locals_):
             flow = flows[j] or self._new_flow(j, mode)
@@ -263,19 +274,76 @@ class Group:
                 later.append((j, step_async(envs[j], flow, reset_first[k], actions[k])))
                 continue
             try:
-                transition = step_sync(envs[j], flow, reset_first[k], actions[k])
+                stepped[j] = step_sync(envs[j], flow, reset_first[k], actions[k])
             except BaseException as exc:
                 errors[j] = self._failed(j, exc)
-                continue
-            self._put(j, transition, infos, finals, odd)
         if later:
             results = yield [coro for _, coro in later]
             for (j, _), result in zip(later, results, strict=True):
                 if isinstance(result, BaseException):
                     errors[j] = self._failed(j, result)
                 else:
-                    self._put(j, result, infos, finals, odd)
+                    stepped[j] = result
+        if not self._put_together(stepped, infos, finals):
+            for j, transition in stepped.items():
+                self._put(j, transition, infos, finals, odd)
         return STEP, errors, infos, finals, odd
+
+    def _put_together(
+        self,
+        stepped: dict[int, Transition],
+        infos: dict[int, dict[str, Any]],
+        finals: dict[int, dict[str, Any]],
+    ) -> bool:
+        """Write every transition into the shared buffer at once, if every one fits exactly.
+
+        The common case (each observation an array of the row's shape and dtype,
+        exact number and flag types, dict infos) is recognised with loops that
+        run in C; anything else returns ``False`` and goes env by env (`_put`).
+        """
+        if self._bulk is None or not stepped:
+            return False
+        observations, row_shape, dtype = self._bulk
+        obs, rewards, terminations, truncations, infos_, finals_ = zip(
+            *stepped.values(), strict=True
+        )
+        if not (
+            _NUMBERS.issuperset(map(type, rewards))
+            and _FLAGS.issuperset(map(type, terminations))
+            and _FLAGS.issuperset(map(type, truncations))
+            and _DICTS.issuperset(map(type, infos_))
+            and _ARRAYS.issuperset(map(type, obs))
+            and set(map(_shape, obs)) == {row_shape}
+        ):
+            return False
+        arrays = self.arrays
+        assert arrays is not None
+        keys = list(stepped)
+        start = self.first_row + keys[0]
+        rows: slice | list[int]
+        # Rows joined end to end (``concatenate``: ``stack`` costs 3x); ``casting="no"``
+        # refuses any observation of another dtype before a byte is written.
+        try:
+            if keys == list(range(keys[0], keys[0] + len(keys))):
+                rows = slice(start, start + len(keys))
+                flat = observations[rows].reshape((-1, *row_shape[1:]))
+                np.concatenate(obs, out=flat, casting="no")
+            else:
+                rows = [self.first_row + j for j in keys]
+                joined = np.concatenate(obs)
+                if joined.dtype != dtype:
+                    return False
+                observations[rows] = joined.reshape((len(keys), *row_shape))
+        except TypeError:  # another dtype
+            return False
+        arrays.rewards[rows] = rewards
+        arrays.terminations[rows] = terminations
+        arrays.truncations[rows] = truncations
+        if any(infos_):
+            infos.update((j, info) for j, info in zip(stepped, infos_, strict=True) if info)
+        if any(finals_):
+            finals.update((j, f) for j, f in zip(stepped, finals_, strict=True) if f is not None)
+        return True
 
     def _put(
         self,

@@ -105,14 +105,20 @@ class _Worker:
         "process",
         "ready",
         "replies",
+        "reply_fd",
+        "request_fd",
         "requests",
+        "sentinel",
     )
 
     def __init__(
         self, process: Any, requests: Connection, replies: Connection, group: range
     ) -> None:
         self.process, self.requests, self.replies, self.group = process, requests, replies, group
-        os.set_blocking(requests.fileno(), False)  # a full pipe never blocks the loop
+        # Read once: a Connection's fileno() and a process's sentinel are Python-level calls.
+        self.request_fd, self.reply_fd = requests.fileno(), replies.fileno()
+        self.sentinel: int = process.sentinel
+        os.set_blocking(self.request_fd, False)  # a full pipe never blocks the loop
         self.alive = True
         self.frames = Frames()
         self.outbox = bytearray()  # requests the pipe had no room for yet
@@ -308,7 +314,7 @@ class ProcessBackend(Backend):
         """`_post` a message already framed."""
         if not worker.outbox:
             try:
-                written = os.write(worker.requests.fileno(), data)
+                written = os.write(worker.request_fd, data)
             except BlockingIOError:
                 written = 0
             if written == len(data):
@@ -327,7 +333,7 @@ class ProcessBackend(Backend):
 
     def _flush(self, worker: _Worker) -> None:
         """The request pipe has room again: write what waited."""
-        fd = worker.requests.fileno()
+        fd = worker.request_fd
         try:
             written = os.write(fd, worker.outbox)
         except BlockingIOError:
@@ -370,7 +376,7 @@ class ProcessBackend(Backend):
 
     def _on_readable(self, worker: _Worker) -> None:
         try:
-            data = os.read(worker.replies.fileno(), READ_SIZE)
+            data = os.read(worker.reply_fd, READ_SIZE)
         except BlockingIOError:
             return
         except OSError:
@@ -647,25 +653,28 @@ class ProcessBackend(Backend):
         self._wanted = min_done
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._satisfied():
-            wait_s = None if deadline is None else deadline - time.monotonic()
-            if wait_s is not None and wait_s <= 0:
-                break
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # Out of time: one last look at every worker, so that no reply that came
+            # in time is taken for late.
+            awaited = self._workers if wait_s == 0.0 else self._awaited()
             readers: dict[int, tuple[Callable[[_Worker], None], _Worker]] = {}
             writers: dict[int, _Worker] = {}
-            awaited = self._awaited()
             for worker in self._workers:
                 if worker.alive:
-                    readers[worker.process.sentinel] = (self._on_exit, worker)
+                    readers[worker.sentinel] = (self._on_exit, worker)
                     if worker in awaited:
-                        readers[worker.replies.fileno()] = (self._on_readable, worker)
+                        readers[worker.reply_fd] = (self._on_readable, worker)
                     if worker.outbox:
-                        writers[worker.requests.fileno()] = worker
+                        writers[worker.request_fd] = worker
             readable, writable, _ = select.select(list(readers), list(writers), [], wait_s)
             for fd in writable:
                 self._flush(writers[fd])
             for fd in readable:
                 handler, worker = readers[fd]
-                handler(worker)
+                if worker.alive:  # else seen dead by its other fd just before
+                    handler(worker)
+            if wait_s == 0.0:
+                break
         return self.take()
 
     def _awaited(self) -> Sequence[_Worker]:
