@@ -198,16 +198,24 @@ class Batcher:
             self._block_obs = create_empty_array(self.single_observation_space, n=n, fn=np.zeros)
         observations = self._block_obs
         extras: list[tuple[int, dict[str, Any] | None, dict[str, Any] | None]] = []
+        shared = blocks[0].arrays
+        whole = all(block.arrays is shared for block in blocks)  # one buffer: every row at once
+        if whole:
+            rewards[:] = shared.rewards
+            terminations[:] = shared.terminations
+            truncations[:] = shared.truncations
+            copy_rows(observations, shared.observations, slice(None))
         for block in blocks:
             envs = block.envs
-            rows: slice | list[int] = (
-                slice(envs.start, envs.stop) if isinstance(envs, range) else list(envs)
-            )
             arrays = block.arrays
-            rewards[rows] = arrays.rewards[rows]
-            terminations[rows] = arrays.terminations[rows]
-            truncations[rows] = arrays.truncations[rows]
-            copy_rows(observations, arrays.observations, rows)
+            if not whole:
+                rows: slice | list[int] = (
+                    slice(envs.start, envs.stop) if isinstance(envs, range) else list(envs)
+                )
+                rewards[rows] = arrays.rewards[rows]
+                terminations[rows] = arrays.terminations[rows]
+                truncations[rows] = arrays.truncations[rows]
+                copy_rows(observations, arrays.observations, rows)
             if block.infos or block.finals:
                 extras.extend(
                     (i, block.infos.get(i), block.finals.get(i))
