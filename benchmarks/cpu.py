@@ -21,14 +21,18 @@ Where the time goes (Linux: it reads ``/proc``), for each case with W = 2: wall
 time per vector step; the parent's CPU per step; each worker's CPU per step
 against the same envs stepped bare in this process (the difference is what a
 worker spends beyond its envs: reading the request, the flows, writing the
-results, and being woken); and the floor of any blocking design, a bare pipe
-round trip to two sleeping processes with no Python work.
+results, and being woken); the same two worker groups (aiovec's worker code)
+driven by a minimal parent that only pokes them and copies their rows (so the
+gap to aiovec's wall time is the parent's Python); and the floor of any
+blocking design, a bare pipe round trip to two sleeping processes with no
+Python work.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import multiprocessing
 import os
 import select
@@ -46,6 +50,9 @@ from _common import Candidate, machine_info, median_ratio, run_interleaved, time
 from gymnasium.envs.classic_control import CartPoleEnv
 
 import aiovec
+from aiovec._core.layout import StepLayout
+from aiovec.backends import _worker
+from aiovec.backends import process as process_backend
 from aiovec.testing import TrivialEnv
 
 SYNC, ASYNC, PROCESS = "gymnasium SyncVectorEnv", "gymnasium AsyncVectorEnv", "aiovec process W=2"
@@ -243,11 +250,82 @@ def breakdown(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "env": case.env,
         "num_envs": case.num_envs,
+        "minimal_parent_us": minimal_parent(case, steps),
         "wall_us": wall * per_step,
         "parent_cpu_us": parent * per_step,
         "worker_cpu_us": statistics.mean(workers) * per_step,
         "bare_group_cpu_us": bare * per_step,
     }
+
+
+def _group_server(
+    requests: int, replies: int, buffer: Any, layout: Any, make: Any, first: int, count: int
+) -> None:
+    group = _worker.Group([make] * count, first)
+    group.use_buffer(layout, buffer, first)
+    for j, env in enumerate(group.envs):
+        env.reset(seed=first + j)
+    while os.read(requests, 1):
+        group.step(range(count), "NextStep", None, None)
+        os.write(replies, b"r")
+
+
+def minimal_parent(case: Case, steps: int) -> float:
+    """Wall us per step of the same two worker groups driven by a minimal parent.
+
+    The workers run aiovec's own worker code (``Group.step`` on its rows of a
+    shared buffer); the parent only writes the actions and reset flags, pokes
+    each worker with a byte, waits for both and copies observations and
+    rewards out: no rules, no checks, no event loop.  The gap between this and
+    aiovec's wall time is what the parent's Python costs.
+    """
+    probe = case.make()
+    layout = StepLayout.of(probe.observation_space, probe.action_space, case.num_envs)
+    probe.close()
+    assert layout is not None
+    buffer = mmap.mmap(-1, layout.nbytes)  # anonymous and shared: inherited by fork
+    arrays = layout.arrays(buffer)
+    context = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    for group in process_backend.split(case.num_envs, 2):
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        args = (req_r, rep_w, buffer, layout, case.make, group.start, len(group))
+        procs.append(context.Process(target=_group_server, args=args, daemon=True))
+        procs[-1].start()
+        os.close(req_r)
+        os.close(rep_w)
+        pipes.append((req_w, rep_r))
+    actions = np.random.default_rng(0).integers(0, 2, size=(64, case.num_envs))
+
+    def step(t: int) -> None:
+        arrays.actions[:] = actions[t % 64]
+        np.logical_or(arrays.terminations, arrays.truncations, out=arrays.resets)
+        for req_w, _ in pipes:
+            os.write(req_w, b"s")
+        for _, rep_r in reversed(pipes):
+            os.read(rep_r, 1)
+        arrays.observations.copy()
+        arrays.rewards.copy()
+
+    try:
+        for t in range(max(5, steps // 10)):
+            step(t)
+        start = time.perf_counter()
+        for t in range(steps):
+            step(t)
+        return (time.perf_counter() - start) / steps * 1e6
+    finally:
+        for req_w, _ in pipes:
+            os.close(req_w)  # end of file: each server returns
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for _, rep_r in pipes:
+            os.close(rep_r)
+        # the views in ``arrays`` keep the mapping until they are collected
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -368,14 +446,16 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
         print()
         print(
             "| where the time goes (W = 2) | N | wall us/step | parent CPU us/step "
-            "| worker CPU us/step | same envs bare, CPU us/step | worker beyond its envs |"
+            "| worker CPU us/step | same envs bare, CPU us/step | worker beyond its envs "
+            "| same workers, minimal parent: wall us/step |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for b in extra["breakdown"]:
             print(
                 f"| {b['env']} | {b['num_envs']} | {b['wall_us']:.0f} | {b['parent_cpu_us']:.0f} "
                 f"| {b['worker_cpu_us']:.0f} | {b['bare_group_cpu_us']:.0f} "
-                f"| {b['worker_cpu_us'] - b['bare_group_cpu_us']:.0f} |"
+                f"| {b['worker_cpu_us'] - b['bare_group_cpu_us']:.0f} "
+                f"| {b['minimal_parent_us']:.0f} |"
             )
         print(
             f"floor: a bare pipe round trip to 2 sleeping processes, "

@@ -321,11 +321,20 @@ def test_an_actor_no_node_can_take_fails_construction_once_its_placement_times_o
     _assert_dead(killed)
 
 
-@pytest.mark.parametrize("value", [0, -1.0, "10", True])
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("inf"), ValueError),
+        ("10", TypeError),
+        (True, TypeError),
+    ],
+)
 @needs_ray
-def test_a_bad_placement_timeout_is_refused(ray_cluster, value):
+def test_a_bad_placement_timeout_is_refused(ray_cluster, value, error):
     factory = Counted()
-    with pytest.raises(ValueError, match="placement_timeout"):
+    with pytest.raises(error, match="placement_timeout"):
         aiovec.BlockingVectorEnv(
             [factory] * 2, backend="ray", backend_options={"placement_timeout": value}
         )
@@ -448,3 +457,12 @@ def _assert_dead(actors: Any) -> None:
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.ready.remote(), timeout=30)
+
+
+@pytest.mark.parametrize(("value", "error"), [("3", TypeError), (2.0, TypeError), (-1, ValueError)])
+@needs_ray
+def test_a_bad_max_idle_is_refused(value, error):
+    from aiovec.backends.ray import ActorPool
+
+    with pytest.raises(error, match="max_idle"):
+        ActorPool(max_idle=value)

@@ -191,24 +191,21 @@ class Batcher:
     def _step_blocks(self, blocks: Sequence[StepBlock]) -> StepBatch:
         """Batch a step whose every env came in shared-memory blocks: whole rows at once."""
         n = self.num_envs
-        rewards = np.empty(n, dtype=np.float64)
-        terminations = np.empty(n, dtype=np.bool_)
-        truncations = np.empty(n, dtype=np.bool_)
         if self._block_obs is None:
             self._block_obs = create_empty_array(self.single_observation_space, n=n, fn=np.zeros)
         observations = self._block_obs
-        extras: list[tuple[int, dict[str, Any] | None, dict[str, Any] | None]] = []
         shared = blocks[0].arrays
-        whole = all(block.arrays is shared for block in blocks)  # one buffer: every row at once
-        if whole:
-            rewards[:] = shared.rewards
-            terminations[:] = shared.terminations
-            truncations[:] = shared.truncations
+        if all(block.arrays is shared for block in blocks):  # one buffer: every row at once
+            rewards = shared.rewards.copy()
+            terminations = shared.terminations.copy()
+            truncations = shared.truncations.copy()
             copy_rows(observations, shared.observations, slice(None))
-        for block in blocks:
-            envs = block.envs
-            arrays = block.arrays
-            if not whole:
+        else:
+            rewards = np.empty(n, dtype=np.float64)
+            terminations = np.empty(n, dtype=np.bool_)
+            truncations = np.empty(n, dtype=np.bool_)
+            for block in blocks:
+                envs, arrays = block.envs, block.arrays
                 rows: slice | list[int] = (
                     slice(envs.start, envs.stop) if isinstance(envs, range) else list(envs)
                 )
@@ -216,13 +213,17 @@ class Batcher:
                 terminations[rows] = arrays.terminations[rows]
                 truncations[rows] = arrays.truncations[rows]
                 copy_rows(observations, arrays.observations, rows)
+        extras: list[tuple[int, dict[str, Any] | None, dict[str, Any] | None]] = []
+        for block in blocks:
             if block.infos or block.finals:
                 extras.extend(
                     (i, block.infos.get(i), block.finals.get(i))
                     for i in sorted({*block.infos, *block.finals})
                 )
-        extras.sort(key=lambda extra: extra[0])
-        infos = merge_infos(n, _info_entries(extras))
+        infos: dict[str, Any] = {}
+        if extras:
+            extras.sort(key=lambda extra: extra[0])
+            infos = merge_infos(n, _info_entries(extras))
         self._block_obs_current = True
         batch = copy_batch(observations) if self.copy else observations
         return batch, rewards, terminations, truncations, infos

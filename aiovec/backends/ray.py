@@ -56,6 +56,7 @@ import numpy as np
 import ray
 import ray.exceptions
 
+from aiovec._core import validate
 from aiovec._core.calls import CLOSE
 from aiovec._core.layout import StepArrays, StepLayout, copy_rows
 from aiovec._core.ops import CallOp, Op, StepOp
@@ -196,6 +197,8 @@ class ActorPool:
     """
 
     def __init__(self, max_idle: int = 64) -> None:
+        if isinstance(max_idle, bool) or not isinstance(max_idle, int):
+            raise TypeError(f"max_idle must be an int, got {validate.describe(max_idle)}")
         if max_idle < 0:
             raise ValueError(f"max_idle must be >= 0, got {max_idle}")
         self.max_idle = max_idle
@@ -725,13 +728,7 @@ def _ready(actor: _Actor, ref: Any) -> tuple[Any, ...]:
 
 def _check_timeout(value: Any) -> float | None:
     """``placement_timeout``: ``None`` (wait as long as Ray does) or positive seconds."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(
-            f"backend_options[{PLACEMENT_OPTION!r}] must be None or seconds > 0, got {value!r}"
-        )
-    return float(value)
+    return validate.check_timeout(f"backend_options[{PLACEMENT_OPTION!r}]", value)
 
 
 def _cluster_cpus() -> int:
