@@ -57,7 +57,7 @@ def driven_by_hand() -> bool:
     private loop is marked as this thread's running loop but does not run, so
     nothing else can make progress until the coroutine suspends.  A backend
     whose waiting is all its own (the process backend: its pipes) may then wait
-    in a plain blocking ``select`` instead of suspending into the loop.
+    in a plain blocking ``poll`` instead of suspending into the loop.
     """
     loop = asyncio._get_running_loop()
     return loop is not None and not loop.is_running()

@@ -542,3 +542,25 @@ def test_actions_are_split_per_env_only_when_read() -> None:
     assert pickle.loads(pickle.dumps(per_env)) == [0, 2, 1, 2]
     with pytest.raises(ValueError, match="actions"):
         batcher.split_actions(np.array([0, 2]))  # still checked at once
+
+
+def test_a_blocking_wait_on_descriptors_numbered_past_1023() -> None:
+    # select() refuses descriptors >= FD_SETSIZE (1024); a busy process may well have them.
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-file limit ({hard}) is too low")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        with aiovec.BlockingVectorEnv([_cartpole] * 2, backend="process", num_workers=2) as venv:
+            assert min(worker.reply_fd for worker in _backend_of(venv)._workers) > 1023
+            venv.reset(seed=0)
+            obs, *_ = venv.step(np.zeros(2, np.int64))
+            assert obs.shape == (2, 4)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -20,7 +20,16 @@ with one small message holding only the infos that were not empty (and
 whatever did not fit the buffer exactly, which is then batched by the usual
 rules).  Its envs' results come back as one `StepBlock`,
 which the batcher copies out of the buffer at once.  Other calls (reset,
-render, ...) and spaces that cannot be laid out travel pickled.
+render, ...) and spaces that cannot be laid out travel pickled.  A whole step
+whose actions fit the buffer is the *lean step* (``_wire.py``): the reset flags
+go into the buffer too, each worker gets a 10-byte request, and a worker with
+nothing to say beyond the buffer answers with 9 bytes.
+
+A ``BlockingVectorEnv`` drives its coroutine outside its private loop
+(`driven_by_hand`): nothing else can run there, so `collect` waits in ``poll``
+on the pipes and sentinels itself, without a task or a loop iteration.  For a
+whole step it listens to the newest request's worker first and reads the
+others after it: one wake-up per step.
 
 Every request has a sequence number; each env remembers the one it waits on.
 A worker cannot be interrupted, so ``cancel`` reports the envs as cancelled at
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import mmap
 import multiprocessing
 import os
@@ -337,6 +347,8 @@ class ProcessBackend(Backend):
         try:
             written = os.write(fd, worker.outbox)
         except BlockingIOError:
+            return
+        except OSError:  # the worker died: its sentinel says so
             return
         del worker.outbox[:written]
         if not worker.outbox and self._loop is not None:
@@ -649,7 +661,7 @@ class ProcessBackend(Backend):
         min_done: int,
         timeout: float | None = None,  # noqa: ASYNC109  (returns what finished by then)
     ) -> tuple[Any, dict[int, BaseException]]:
-        """As `Backend.collect`; a blocking caller's wait is a plain ``select``.
+        """As `Backend.collect`; a blocking caller's wait is a plain ``poll``.
 
         Driven by hand by a blocking `Runner` (`driven_by_hand`), nothing else
         can run on the loop meanwhile, and every outcome comes through this
@@ -665,21 +677,24 @@ class ProcessBackend(Backend):
             # Out of time: one last look at every worker, so that no reply that came
             # in time is taken for late.
             awaited = self._workers if wait_s == 0.0 else self._awaited()
-            readers: dict[int, tuple[Callable[[_Worker], None], _Worker]] = {}
-            writers: dict[int, _Worker] = {}
+            # poll, not select: a busy process's descriptors may be numbered past 1023
+            poller = select.poll()
+            handlers: dict[int, tuple[Callable[[_Worker], None], _Worker]] = {}
             for worker in self._workers:
                 if worker.alive:
-                    readers[worker.sentinel] = (self._on_exit, worker)
+                    poller.register(worker.sentinel, select.POLLIN)
+                    handlers[worker.sentinel] = (self._on_exit, worker)
                     if worker in awaited:
-                        readers[worker.reply_fd] = (self._on_readable, worker)
+                        poller.register(worker.reply_fd, select.POLLIN)
+                        handlers[worker.reply_fd] = (self._on_readable, worker)
                     if worker.outbox:
-                        writers[worker.request_fd] = worker
-            readable, writable, _ = select.select(list(readers), list(writers), [], wait_s)
-            for fd in writable:
-                self._flush(writers[fd])
-            for fd in readable:
-                handler, worker = readers[fd]
-                if worker.alive:  # else seen dead by its other fd just before
+                        poller.register(worker.request_fd, select.POLLOUT)
+                        handlers[worker.request_fd] = (self._flush, worker)
+            events = poller.poll(None if wait_s is None else math.ceil(wait_s * 1000))
+            events.sort(key=lambda event: handlers[event[0]][0] != self._on_exit)  # deaths first
+            for fd, _ in events:
+                handler, worker = handlers[fd]
+                if worker.alive:  # else seen dead by its sentinel just before
                     handler(worker)
             if wait_s == 0.0:
                 break
