@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -452,11 +453,18 @@ def pool_handles(pool: Any) -> list[Any]:
 
 
 def _assert_dead(actors: Any) -> None:
+    """Each actor stops answering: ``ray.kill`` is asynchronous (it goes through Ray's
+    control store), so a call sent just after it may still be answered."""
     import ray
 
+    deadline = time.monotonic() + 30
     for actor in actors:
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(actor.ready.remote(), timeout=30)
+        while True:
+            try:
+                ray.get(actor.ready.remote(), timeout=30)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < deadline, f"{actor} still answers 30 s after its kill"
 
 
 @pytest.mark.parametrize(("value", "error"), [("3", TypeError), (2.0, TypeError), (-1, ValueError)])
