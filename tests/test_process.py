@@ -564,3 +564,52 @@ def test_a_blocking_wait_on_descriptors_numbered_past_1023() -> None:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _unreadable_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The parent's next reply delivery raises (as a bug or a corrupt message would)."""
+    real = process_backend.ProcessBackend._receive
+    calls: list[int] = []
+
+    def broken(self: Any, worker: Any, payload: bytes) -> None:
+        calls.append(worker.group.start)
+        if len(calls) == 1:
+            raise RuntimeError("cannot read this reply")
+        real(self, worker, payload)
+
+    monkeypatch.setattr(process_backend.ProcessBackend, "_receive", broken)
+    return calls
+
+
+def test_a_reply_that_cannot_be_read_fails_its_envs_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with aiovec.BlockingVectorEnv([_cartpole] * 4, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        pids = _backend_of(venv).pids
+        calls = _unreadable_once(monkeypatch)
+        with pytest.raises(aiovec.WorkerDiedError, match="could not be read") as info:
+            venv.step(np.zeros(4, np.int64))
+        group = range(calls[0], calls[0] + 2)
+        assert set(info.value.errors) == set(group)
+        assert "cannot read this reply" in str(info.value.errors[group[0]])
+        assert not _alive(pids[calls[0] // 2])
+        venv.reset(seed=1)  # rebuilds the lost envs on a new worker
+        obs, *_ = venv.step(np.zeros(4, np.int64))
+        assert obs.shape == (4, 4)
+    assert not _children()
+
+
+@pytest.mark.asyncio
+async def test_a_reply_that_cannot_be_read_fails_its_envs_through_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with aiovec.AsyncioVectorEnv([_cartpole] * 4, backend="process", num_workers=2) as venv:
+        await venv.reset(seed=0)
+        calls = _unreadable_once(monkeypatch)
+        with pytest.raises(aiovec.WorkerDiedError, match="could not be read"):
+            await venv.step(np.zeros(4, np.int64))
+        assert calls
+        await venv.reset(seed=1)
+        obs, *_ = await venv.step(np.zeros(4, np.int64))
+        assert obs.shape == (4, 4)

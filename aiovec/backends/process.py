@@ -397,7 +397,30 @@ class ProcessBackend(Backend):
             self._on_exit(worker)
             return
         for payload in worker.frames.feed(data):
-            self._receive(worker, payload)
+            try:
+                self._receive(worker, payload)
+            except Exception as exc:  # any: its envs must not wait forever
+                self._unreadable(worker, exc)
+                return
+
+    def _unreadable(self, worker: _Worker, error: Exception) -> None:
+        """A reply of ``worker`` could not be delivered: kill it and lose its envs.
+
+        A corrupt message, or a bug on this side: either way the worker's replies
+        can no longer be trusted, and its envs in flight would wait forever.  They
+        fail with `WorkerDiedError` (caused by ``error``), and the vector env's
+        ``reset()`` or a restart rebuilds them on a new worker, as after a crash.
+        """
+        if not worker.alive:
+            return
+        worker.process.kill()
+        died = ChildProcessError(
+            f"worker process {worker.process.pid} hosting envs {worker.group.start}-"
+            f"{worker.group.stop - 1} was killed: a reply of it could not be read "
+            f"({type(error).__name__}: {error})"
+        )
+        died.__cause__ = error
+        self._on_exit(worker, died)
 
     def _receive(self, worker: _Worker, payload: bytes) -> None:
         if payload[0] == LEAN:  # a step whose every result is in the buffer
@@ -485,20 +508,26 @@ class ProcessBackend(Backend):
         )
         self._finish_block(block, request.since)
 
-    def _on_exit(self, worker: _Worker) -> None:
-        """The worker's process ended (or its socket broke): fail and lose its envs."""
+    def _on_exit(self, worker: _Worker, killed: ChildProcessError | None = None) -> None:
+        """The worker's process ended (or its pipe broke): fail and lose its envs.
+
+        ``killed``: why this side killed it (its replies are not read any more).
+        """
         if not worker.alive:
             return
-        with contextlib.suppress(OSError):  # replies it sent before dying still count
-            os.set_blocking(worker.replies.fileno(), False)
-            while data := os.read(worker.replies.fileno(), READ_SIZE):
-                for payload in worker.frames.feed(data):
-                    self._receive(worker, payload)
+        if killed is None:
+            # Replies it sent before dying still count; one that cannot be read is
+            # dropped (its envs fail below with the others).
+            with contextlib.suppress(Exception):
+                os.set_blocking(worker.replies.fileno(), False)
+                while data := os.read(worker.replies.fileno(), READ_SIZE):
+                    for payload in worker.frames.feed(data):
+                        self._receive(worker, payload)
         self._unwatch(worker)
         worker.alive = False
         worker.close_pipes()
         worker.process.join(1.0)  # its sentinel is ready: this reaps it at once
-        died = ChildProcessError(worker.describe())
+        died = killed if killed is not None else ChildProcessError(worker.describe())
         self._lost.update(worker.group)
         for i in worker.group:
             self._stuck.pop(i, None)
