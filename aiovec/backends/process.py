@@ -426,16 +426,8 @@ class ProcessBackend(Backend):
         if payload[0] == LEAN:  # a step whose every result is in the buffer
             seq = read_lean_reply(payload)
             request = self._requests.pop(seq, None)
-            if request is None:
-                return
-            envs = request.envs
-            if request.partial or not isinstance(envs, range):
+            if request is not None:
                 self._deliver_step(seq, request, _CLEAN_STEP)
-                return
-            self._env_seq[envs.start : envs.stop] = [0] * len(envs)
-            assert self._shared is not None
-            assert self._shared.arrays is not None
-            self._finish_block(StepBlock(envs, self._shared.arrays, {}, {}), request.since)
             return
         self._deliver(worker, pickle.loads(payload))
 
