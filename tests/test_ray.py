@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -133,17 +134,30 @@ def doomed_node(ray_cluster: Any) -> Iterator[tuple[Any, str]]:
             ray_cluster.remove_node(node)
 
 
+class HangsWhenTold(SpaceEnv):
+    """Steps at once until its ``hang`` attribute is set; then its step never returns."""
+
+    hang = False
+
+    def step(self, action: Any) -> Any:
+        if self.hang:
+            threading.Event().wait()  # until its process goes
+        return super().step(action)
+
+
 @needs_ray
 def test_custom_resources_place_actors_and_a_lost_node_fails_their_envs(ray_cluster, doomed_node):
     import ray
 
     node, node_id = doomed_node
     options = {"resources": {"doomed": 1}, "num_cpus": 0, "placement_timeout": PLACEMENT_TIMEOUT}
-    venv = aiovec.BlockingVectorEnv(fns(), backend="ray", num_workers=2, backend_options=options)
+    fns_ = [functools.partial(HangsWhenTold, min_len=50, max_len=50)] * NUM_ENVS
+    venv = aiovec.BlockingVectorEnv(fns_, backend="ray", num_workers=2, backend_options=options)
     try:
         assert venv.vector_env._backend.node_ids == (node_id, node_id)
         venv.reset(seed=1)
         venv.step(np.zeros(NUM_ENVS, dtype=np.int64))
+        venv.set_attr("hang", True)  # a step cannot finish before the node goes
         venv.send(np.zeros(NUM_ENVS, dtype=np.int64))  # in flight while the node goes
         ray_cluster.remove_node(node)
         with pytest.raises(aiovec.WorkerDiedError) as info:
