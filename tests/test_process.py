@@ -440,6 +440,57 @@ def test_a_whole_step_whose_first_worker_ends_last() -> None:
         np.testing.assert_array_equal(rewards, [1.0] * 4)
 
 
+class Tells(Slow):
+    """Says something in its info while ``say`` (an attribute) is set."""
+
+    say = False
+
+    def step(self, action: int) -> Any:
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return obs, reward, terminated, truncated, {"said": 1} if self.say else {}
+
+
+@pytest.mark.parametrize("teller", [0, 3], ids=["older-worker", "newest-worker"])
+def test_a_whole_step_with_news_from_one_worker(
+    teller: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A blocking whole step takes clean lean replies as they are; a reply with news
+    # hands the rest of the wait to the general path, whichever worker sent it.
+    received: list[int] = []
+    real = process_backend.ProcessBackend._receive
+
+    def counted(self: Any, worker: Any, payload: bytes) -> None:
+        received.append(worker.group.start)
+        real(self, worker, payload)
+
+    monkeypatch.setattr(process_backend.ProcessBackend, "_receive", counted)
+    actions = np.array([1, 0, 1, 0])
+    with (
+        aiovec.BlockingVectorEnv([Tells] * 4, backend="process", num_workers=2) as venv,
+        aiovec.BlockingVectorEnv([Tells] * 4) as inline,
+    ):
+        for envs in (venv, inline):
+            envs.reset(seed=0)
+            envs.set_attr("say", [i == teller for i in range(4)])
+        received.clear()
+        got, want = venv.step(actions), inline.step(actions)
+        # The newest worker's reply is waited on first: news there ends the lean wait,
+        # and the general wait reads the older worker's reply too.
+        assert received == ([0] if teller == 0 else [2, 0])
+        assert got[4].keys() == want[4].keys() == {"said", "_said"}
+        assert got[4]["said"].tolist() == [1 if i == teller else 0 for i in range(4)]
+        np.testing.assert_array_equal(got[4]["_said"], want[4]["_said"])
+        for a, b in zip(got[:4], want[:4], strict=True):
+            np.testing.assert_array_equal(a, b)
+        for envs in (venv, inline):
+            envs.set_attr("say", False)
+        received.clear()
+        got, want = venv.step(actions), inline.step(actions)
+        assert received == []  # both replies clean: the lean path again
+        assert got[4] == want[4] == {}
+        np.testing.assert_array_equal(got[0], want[0])
+
+
 def _group(fns: list[Any]) -> tuple[_worker.Group, StepArrays]:
     group = _worker.Group(fns, 0)
     layout = StepLayout.of(*group.spaces, len(fns))
@@ -578,6 +629,8 @@ def _unreadable_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         real(self, worker, payload)
 
     monkeypatch.setattr(process_backend.ProcessBackend, "_receive", broken)
+    # A clean lean reply is taken without `_receive` by a blocking wait: expect none.
+    monkeypatch.setattr(process_backend, "lean_reply", lambda seq: b"")
     return calls
 
 

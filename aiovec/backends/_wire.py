@@ -57,6 +57,11 @@ class Frames:
     def __init__(self) -> None:
         self._partial = bytearray()  # the start of a message not wholly read yet
 
+    @property
+    def partial(self) -> bool:
+        """Whether the start of a message was read and its end was not."""
+        return bool(self._partial)
+
     def feed(self, data: bytes) -> list[bytes]:
         """The payloads of the messages that ``data`` completes."""
         if not self._partial and len(data) >= 4:  # usually: exactly one message

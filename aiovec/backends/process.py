@@ -29,7 +29,9 @@ A ``BlockingVectorEnv`` drives its coroutine outside its private loop
 (`driven_by_hand`): nothing else can run there, so `collect` waits in ``poll``
 on the pipes and sentinels itself, without a task or a loop iteration.  For a
 whole step it listens to the newest request's worker first and reads the
-others after it: one wake-up per step.
+others after it: one wake-up per step.  Replies that are exactly the expected
+lean replies are taken as they are and the step is delivered as one block;
+anything else is read by the general wait.
 
 Every request has a sequence number; each env remembers the one it waits on.
 A worker cannot be interrupted, so ``cancel`` reports the envs as cancelled at
@@ -81,6 +83,7 @@ from aiovec.backends._wire import (
     Frames,
     SharedFile,
     frame,
+    lean_reply,
     lean_step,
     read_lean_reply,
 )
@@ -225,6 +228,8 @@ class ProcessBackend(Backend):
         self._seq = 0
         self._env_seq = [0] * self.num_envs  # the request each env waits on (0: none)
         self._requests: dict[int, _Request] = {}
+        self._lean: list[tuple[_Worker, int, bytes]] = []  # (worker, seq, its clean reply)
+        self._pollers: dict[_Worker, Any] = {}  # a blocking wait's poll objects, by worker
         self._stuck: dict[int, int] = {}  # env -> its abandoned request still running
         self._lost: set[int] = set()  # envs whose worker died
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -387,12 +392,12 @@ class ProcessBackend(Backend):
         self._loop = None
 
     def _on_readable(self, worker: _Worker) -> None:
-        try:
-            data = os.read(worker.reply_fd, READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
+        data = _read(worker)
+        if data is not None:
+            self._on_data(worker, data)
+
+    def _on_data(self, worker: _Worker, data: bytes) -> None:
+        """Deliver the replies in ``data``, read from ``worker`` (empty: it is exiting)."""
         if not data:  # the worker closed its end: it is exiting
             self._on_exit(worker)
             return
@@ -507,6 +512,8 @@ class ProcessBackend(Backend):
         """
         if not worker.alive:
             return
+        self._lean = []
+        self._pollers.clear()
         if killed is None:
             # Replies it sent before dying still count; one that cannot be read is
             # dropped (its envs fail below with the others).
@@ -584,13 +591,15 @@ class ProcessBackend(Backend):
         assert self._shared.arrays is not None
         self._shared.arrays.resets[:] = op.reset_first
         mode = op.mode.value
-        out = []
+        out, lean = [], []
         for worker in self._workers:
             self._seq += 1
             seq, group = self._seq, worker.group
             self._env_seq[group.start : group.stop] = [seq] * len(group)
             self._requests[seq] = _Request(worker, group, since)
             out.append((worker, lean_step(seq, mode)))
+            lean.append((worker, seq, lean_reply(seq)))
+        self._lean = lean
         for worker, data in out:
             try:
                 self._post_framed(worker, data)
@@ -693,6 +702,8 @@ class ProcessBackend(Backend):
             return await super().collect(min_done, timeout)
         self._wanted = min_done
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._lean and min_done >= self.num_envs:
+            self._collect_lean(deadline)
         while not self._satisfied():
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             # Out of time: one last look at every worker, so that no reply that came
@@ -720,6 +731,66 @@ class ProcessBackend(Backend):
             if wait_s == 0.0:
                 break
         return self.take()
+
+    def _collect_lean(self, deadline: float | None) -> None:
+        """Wait by hand for the replies of a lean step, the newest request's first.
+
+        The usual case, and the one worth a path of its own: each worker
+        answers with exactly its clean lean reply, the whole step is in the
+        buffer, and the step is delivered as one block.  Each worker is waited
+        on in turn, with every sentinel.  Anything else (a reply with news, a
+        death, the deadline) ends this wait early: what it took is delivered,
+        and the general wait of `collect` reads the rest.
+        """
+        lean, self._lean = self._lean, []
+        if any(worker.outbox for worker, _, _ in lean):  # a request still waits to be written
+            return
+        done: list[tuple[int, _Request]] = []
+        try:
+            for worker, seq, clean in reversed(lean):
+                request = self._requests.get(seq)
+                if request is None or request.partial or not worker.alive or worker.frames.partial:
+                    return
+                wait_ms = None
+                if deadline is not None:
+                    wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+                events = self._poller(worker).poll(wait_ms)
+                if len(events) != 1 or events[0][0] != worker.reply_fd:  # a death, or time is up
+                    return
+                data = _read(worker)
+                if data != clean:
+                    if data is not None:
+                        self._on_data(worker, data)
+                    return
+                done.append((seq, request))
+        finally:
+            self._deliver_clean(done)
+
+    def _poller(self, worker: _Worker) -> Any:
+        """A poll object on ``worker``'s replies and every live worker's sentinel."""
+        poller = self._pollers.get(worker)
+        if poller is None:
+            poller = self._pollers[worker] = select.poll()
+            poller.register(worker.reply_fd, select.POLLIN)
+            for other in self._workers:
+                if other.alive:
+                    poller.register(other.sentinel, select.POLLIN)
+        return poller
+
+    def _deliver_clean(self, done: list[tuple[int, _Request]]) -> None:
+        """Deliver requests whose every env's result is in the buffer (`_collect_lean`)."""
+        for seq, _ in done:
+            del self._requests[seq]
+        if len(done) < len(self._workers):
+            for seq, request in done:
+                self._deliver_step(seq, request, _CLEAN_STEP)
+            return
+        # Every worker's whole group, none cancelled: the whole step, as one block.
+        assert self._shared is not None
+        assert self._shared.arrays is not None
+        self._env_seq[:] = [0] * self.num_envs
+        block = StepBlock(self._all, self._shared.arrays, {}, {})
+        self._finish_block(block, done[0][1].since)
 
     def _awaited(self) -> Sequence[_Worker]:
         """The workers whose replies a blocking wait listens to.
@@ -770,6 +841,7 @@ class ProcessBackend(Backend):
                 worker.process.kill()
                 self._on_exit(worker)
             worker = self._workers[w] = self._start(worker.group)
+            self._pollers.clear()
             worker.ready = loop.create_future()
             self._watch(worker)
             waits.append((envs, worker, True, worker.ready))
@@ -842,6 +914,16 @@ class ProcessBackend(Backend):
                 with contextlib.suppress(OSError):
                     self._post(worker, (-1, _worker.CALL, local, close))
         self._finalizer()
+
+
+def _read(worker: _Worker) -> bytes | None:
+    """What ``worker``'s reply pipe holds (``b""``: it is closed; ``None``: nothing yet)."""
+    try:
+        return os.read(worker.reply_fd, READ_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 def _first_message(worker: _Worker) -> Any:
