@@ -401,6 +401,33 @@ def test_latency_summary_per_env_and_overall():
     assert np.isnan(book.summary().overall_p99)
 
 
+def test_latency_shared_and_single_samples_keep_their_order():
+    book = LatencyBook(3, window=4)
+    whole = range(3)
+    for seconds in (1.0, 2.0, 3.0):  # whole steps: listed, not yet spread
+        book.record_many(whole, seconds)
+    book.record(1, 10.0)  # a single sample comes after them
+    book.record_many(whole, 4.0)
+    book.record_many([2, 0], 5.0)
+    stats = book.summary()
+    assert stats.count.tolist() == [4, 4, 4]
+    # env 0: 2, 3, 4, 5; env 1: 2, 3, 10, 4; env 2: 2, 3, 4, 5
+    assert stats.mean.tolist() == pytest.approx([3.5, 4.75, 3.5])
+    assert stats.p99[1] == pytest.approx(np.percentile([2.0, 3.0, 10.0, 4.0], 99))
+
+
+def test_latency_of_many_more_whole_steps_than_the_window():
+    book = LatencyBook(2, window=8)
+    for k in range(100):  # spread in batches as they pile up
+        book.record_many(range(2), float(k))
+    stats = book.summary()
+    assert stats.count.tolist() == [8, 8]
+    assert stats.mean.tolist() == pytest.approx([95.5, 95.5])  # the last 8: 92..99
+    book.record_many(range(2), 1.0)
+    book.clear()
+    assert book.summary().count.tolist() == [0, 0]
+
+
 def test_latency_of_envs_that_ended_together():
     book = LatencyBook(5, window=2)
     book.record_many(range(1, 4), 1.0)  # a worker's group

@@ -201,6 +201,29 @@ def test_rows_mix_blocks_and_single_transitions() -> None:
     assert rows[5] is None
 
 
+def test_rows_of_a_whole_step_in_one_block() -> None:
+    rows = Rows()
+    rows.add_block(_block(range(4)))
+    assert rows.blocks_covering(4) is not None
+    assert rows.blocks_covering(5) is None
+    assert len(rows) == 4
+    assert list(rows) == [0, 1, 2, 3]
+    del rows[2]
+    assert 2 not in rows
+    assert rows.blocks_covering(4) is None
+    rows[2] = ("restarted", 0.0, False, True, {}, None)
+    assert rows.blocks_covering(4) is None  # one row comes alone now
+    assert rows[2][0] == "restarted"
+    assert rows[3][1] == 3.5
+    part = Rows()
+    part.add_block(_block(range(0, 2)))
+    assert part.blocks_covering(2) is not None
+    assert part.blocks_covering(4) is None
+    part.add_block(_block(range(2, 4)))  # a second block: both indexed
+    assert part.blocks_covering(4) is not None
+    assert sorted(part) == [0, 1, 2, 3]
+
+
 def test_rows_update_from_rows_keeps_only_what_each_block_still_holds() -> None:
     first = Rows()
     first.add_block(_block(range(0, 2)))

@@ -10,7 +10,6 @@ import collections
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
@@ -52,29 +51,56 @@ class LatencyBook:
 
     Samples go into a ``deque`` per env: recording is on the path of every call
     that waited, and a deque append costs a tenth of writing a numpy element.
+    Samples shared by many envs (a worker's whole group, every step) are only
+    listed as they come, and spread into the envs' deques in batches: touching
+    every env's deque on every step costs more than the step's other
+    bookkeeping.
     """
 
     def __init__(self, num_envs: int, window: int = 256) -> None:
         self._window = window
         self._samples = [collections.deque[float](maxlen=window) for _ in range(num_envs)]
+        self._shared: list[tuple[Iterable[int], float]] = []  # not yet in the deques
 
     def record(self, i: int, seconds: float) -> None:
         """Add one sample for env ``i``."""
+        if self._shared:
+            self._spread()
         self._samples[i].append(seconds)
 
     def record_many(self, envs: Iterable[int], seconds: float) -> None:
-        """Add the same sample for each env of ``envs`` (their calls ended together)."""
+        """Add the same sample for each env of ``envs`` (their calls ended together).
+
+        ``envs`` is kept as it is until the samples are spread: it must not change.
+        """
+        shared = self._shared
+        shared.append((envs, seconds))
+        if len(shared) >= self._window:
+            self._spread()
+
+    def _spread(self) -> None:
+        """Move the shared samples into each env's deque, in the order they came."""
+        shared, self._shared = self._shared, []
         samples = self._samples
-        chosen = (
-            samples[envs.start : envs.stop]
-            if isinstance(envs, range) and envs.step == 1
-            else [samples[i] for i in envs]
-        )
-        # The loop runs in C: a process backend times every env of a block each step.
-        collections.deque(map(collections.deque.append, chosen, repeat(seconds)), maxlen=0)
+        start = 0
+        while start < len(shared):  # a run of samples of the same envs: extended at once
+            envs = shared[start][0]
+            stop = start + 1
+            while stop < len(shared) and (shared[stop][0] is envs or shared[stop][0] == envs):
+                stop += 1
+            run = [seconds for _, seconds in shared[start:stop]]
+            chosen = (
+                samples[envs.start : envs.stop]
+                if isinstance(envs, range) and envs.step == 1
+                else [samples[i] for i in envs]
+            )
+            for deque in chosen:
+                deque.extend(run)
+            start = stop
 
     def summary(self) -> LatencyStats:
         """Percentiles per env and overall."""
+        self._spread()
         table = np.full((len(self._samples), self._window), np.nan)
         for i, samples in enumerate(self._samples):
             table[i, : len(samples)] = samples
@@ -89,5 +115,6 @@ class LatencyBook:
 
     def clear(self) -> None:
         """Forget every sample."""
+        self._shared.clear()
         for samples in self._samples:
             samples.clear()

@@ -59,21 +59,38 @@ def row_of(batch: Any, i: int) -> Any:
 
 
 class Rows(MutableMapping[int, Transition]):
-    """Env index -> transition, where transitions come one by one or in blocks."""
+    """Env index -> transition, where transitions come one by one or in blocks.
 
-    __slots__ = ("_blocks", "_owner", "_single")
+    The first block into an empty `Rows` (a whole step, usually its only
+    block) is not indexed env by env until someone asks for one env.
+    """
+
+    __slots__ = ("_blocks", "_owner", "_single", "_unindexed")
 
     def __init__(self) -> None:
         self._single: dict[int, Transition] = {}
         self._owner: dict[int, StepBlock] = {}
         self._blocks: list[StepBlock] = []
+        self._unindexed: StepBlock | None = None  # a block whose envs are not in _owner yet
+
+    def _owners(self) -> dict[int, StepBlock]:
+        """Env -> its block, once every block is indexed."""
+        block = self._unindexed
+        if block is not None:
+            self._unindexed = None
+            self._owner.update(dict.fromkeys(block.envs, block))
+        return self._owner
 
     def add_block(self, block: StepBlock) -> None:
         """Add every env of ``block`` (replacing what was there for them)."""
+        if not self._single and not self._blocks:
+            self._unindexed = block
+            self._blocks.append(block)
+            return
         if self._single:
             for i in block.envs:
                 self._single.pop(i, None)
-        self._owner.update(dict.fromkeys(block.envs, block))
+        self._owners().update(dict.fromkeys(block.envs, block))
         self._blocks.append(block)
 
     @property
@@ -83,38 +100,42 @@ class Rows(MutableMapping[int, Transition]):
 
     def blocks_covering(self, num_envs: int) -> list[StepBlock] | None:
         """The blocks, if they alone hold exactly envs ``0..num_envs-1`` (else ``None``)."""
-        if self._single or len(self._owner) != num_envs:
+        block = self._unindexed
+        if block is not None and block.envs == range(num_envs):
+            return self._blocks
+        if self._single or len(self._owners()) != num_envs:
             return None
         return self._blocks
 
     def __getitem__(self, i: int) -> Transition:
         if i in self._single:
             return self._single[i]
-        return self._owner[i].transition(i)
+        return self._owners()[i].transition(i)
 
     def __setitem__(self, i: int, transition: Transition) -> None:
-        self._owner.pop(i, None)
+        self._owners().pop(i, None)
         self._single[i] = transition
 
     def __delitem__(self, i: int) -> None:
         if i in self._single:
             del self._single[i]
         else:
-            del self._owner[i]
+            del self._owners()[i]
 
     def __contains__(self, i: object) -> bool:
-        return i in self._single or i in self._owner
+        return i in self._single or i in self._owners()
 
     def __iter__(self) -> Iterator[int]:
-        return chain(self._single, self._owner)
+        return chain(self._single, self._owners())
 
     def __len__(self) -> int:
-        return len(self._single) + len(self._owner)
+        return len(self._single) + len(self._owners())
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
         if isinstance(other, Rows):
+            owners = other._owners()
             for block in other._blocks:
-                envs = [i for i in block.envs if other._owner.get(i) is block]
+                envs = [i for i in block.envs if owners.get(i) is block]
                 if envs:
                     self.add_block(
                         block if len(envs) == len(block.envs) else block._replace(envs=envs)
