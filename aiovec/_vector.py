@@ -91,8 +91,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             (``None``: no limit), so many envs do not flood one server.  An
             ``anyio.CapacityLimiter`` may be passed instead of an int and shared
             by several vector envs that talk to the same server.
-        backend_options: Options of the backend; only ``"ray"`` takes any: the
-            Ray actor options of every actor (``num_cpus``, ``num_gpus``,
+        backend_options: Options of the backend.  ``"process"`` takes
+            ``cpus``: CPU ids to pin the workers to, worker ``k`` on
+            ``cpus[k % len(cpus)]`` (Linux; ``docs/process.md``).  ``"ray"``
+            takes the Ray actor options of every actor (``num_cpus``, ``num_gpus``,
             ``memory``, ``resources``, ``scheduling_strategy`` (default
             ``"SPREAD"``), ``runtime_env``, ...), and ``placement_timeout`` and
             ``actor_pool`` (``docs/ray.md``).

@@ -10,8 +10,10 @@ Run from the repository root::
 Cases (W = 2 workers for aiovec): CartPole-v1 with N = 32 and N = 256, and
 ``BusyCartPole`` (CartPole plus ~100 us of pure Python per step) with N = 32.
 Candidates, interleaved in every repetition: gymnasium ``SyncVectorEnv`` (the
-baseline), gymnasium ``AsyncVectorEnv`` (one process per env; N = 32 only) and
-``aiovec.BlockingVectorEnv(backend="process", num_workers=2)``.  Reported:
+baseline), gymnasium ``AsyncVectorEnv`` (one process per env; N = 32 only),
+``aiovec.BlockingVectorEnv(backend="process", num_workers=2)``, and the same
+with its workers pinned to the usable CPUs (``backend_options={"cpus": ...}``,
+Linux).  Reported:
 thousands of env-steps per second (medians of the repetitions), the speed-up
 over the baseline (median of per-repetition ratios) with PASS/MISS against the
 targets of issue 4, the round trip of one trivial step with N = W = 2, and the
@@ -56,6 +58,7 @@ from aiovec.backends import process as process_backend
 from aiovec.testing import TrivialEnv
 
 SYNC, ASYNC, PROCESS = "gymnasium SyncVectorEnv", "gymnasium AsyncVectorEnv", "aiovec process W=2"
+PINNED = "aiovec process W=2, pinned"  # backend_options={"cpus": every usable CPU}
 # (env, N, candidate) -> minimum speed-up over SyncVectorEnv (AsyncVectorEnv: over it)
 TARGETS = {
     ("CartPole-v1", 32, SYNC): 1.3,
@@ -112,6 +115,12 @@ def candidates(case: Case) -> list[Candidate]:
     if case.with_async:
         made.append((ASYNC, gymnasium.vector.AsyncVectorEnv(fns)))
     made.append((PROCESS, aiovec.BlockingVectorEnv(fns, backend="process", num_workers=2)))
+    if hasattr(os, "sched_getaffinity"):
+        options = {"cpus": sorted(os.sched_getaffinity(0))}
+        pinned = aiovec.BlockingVectorEnv(
+            fns, backend="process", num_workers=2, backend_options=options
+        )
+        made.append((PINNED, pinned))
     out = []
     for name, venv in made:
         cand = _stepper(venv, case.num_envs, venv.close)
@@ -128,8 +137,7 @@ def run_case(case: Case, args: argparse.Namespace) -> list[dict[str, Any]]:
     finally:
         for cand in cands:
             cand.close()
-    by_name = {c.name: c for c in cands}
-    ours = by_name[PROCESS]
+    ours = {c.name: c for c in cands if c.name in (PROCESS, PINNED)}
     rows = []
     for cand in cands:
         rate = steps * case.num_envs / statistics.median(cand.seconds) / 1000
@@ -141,11 +149,14 @@ def run_case(case: Case, args: argparse.Namespace) -> list[dict[str, Any]]:
             "k_env_steps_per_s": rate,
             "seconds": cand.seconds,
         }
-        if cand is not ours:
-            speedup = median_ratio(cand.seconds, ours.seconds)
+        if cand.name not in ours:
             target = TARGETS.get((case.env, case.num_envs, cand.name))
-            row.update(speedup=speedup, target=target)
-            row["passed"] = None if target is None else speedup >= target
+            row["target"] = target
+            for name, key in ((PROCESS, "speedup"), (PINNED, "speedup_pinned")):
+                if name in ours:
+                    row[key] = median_ratio(cand.seconds, ours[name].seconds)
+                    passed = None if target is None else row[key] >= target
+                    row[key.replace("speedup", "passed")] = passed
         rows.append(row)
     return rows
 
@@ -426,16 +437,23 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
     print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     print(f"BusyCartPole: {extra['busy_loops']} loop iterations (~100 us) per step")
     print()
-    print("| env | N | candidate | k env-steps/s | aiovec speed-up over it | target |")
-    print("|---|---:|---|---:|---:|---|")
+    print(
+        "| env | N | candidate | k env-steps/s | aiovec speed-up over it "
+        "| pinned aiovec speed-up over it | target |"
+    )
+    print("|---|---:|---|---:|---:|---:|---|")
     for r in rows:
-        speedup = f"{r['speedup']:.2f}x" if "speedup" in r else ""
-        target = ""
-        if r.get("target") is not None:
-            target = f">= {r['target']:.2f}x {'PASS' if r['passed'] else 'MISS'}"
+        cells = []
+        for key in ("speedup", "speedup_pinned"):
+            cell = f"{r[key]:.2f}x" if key in r else ""
+            passed = r.get(key.replace("speedup", "passed"))
+            if passed is not None:
+                cell += " PASS" if passed else " MISS"
+            cells.append(cell)
+        target = "" if r.get("target") is None else f">= {r['target']:.2f}x"
         print(
             f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
-            f"| {r['k_env_steps_per_s']:.1f} | {speedup} | {target} |"
+            f"| {r['k_env_steps_per_s']:.1f} | {cells[0]} | {cells[1]} | {target} |"
         )
     print()
     print("| one step of 2 trivial envs | us per step |")
@@ -473,9 +491,11 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
                 f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
                 f"| {r['k_env_steps_per_s']:.1f} | {r['over_sync']:.2f}x |"
             )
-    passed = sum(r.get("passed") is True for r in rows)
-    missed = sum(r.get("passed") is False for r in rows)
-    print(f"targets: {passed} PASS, {missed} MISS")
+    for key, name in (("passed", "default"), ("passed_pinned", "pinned")):
+        passed = sum(r.get(key) is True for r in rows)
+        missed = sum(r.get(key) is False for r in rows)
+        if passed or missed:
+            print(f"targets, {name} workers: {passed} PASS, {missed} MISS")
 
 
 def _has_proc() -> bool:

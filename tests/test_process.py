@@ -666,3 +666,61 @@ async def test_a_reply_that_cannot_be_read_fails_its_envs_through_the_loop(
         await venv.reset(seed=1)
         obs, *_ = await venv.step(np.zeros(4, np.int64))
         assert obs.shape == (4, 4)
+
+
+# -- pinning workers to CPUs ----------------------------------------------------------
+
+
+def test_workers_are_pinned_round_robin_to_the_cpus_given() -> None:
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    with aiovec.BlockingVectorEnv(
+        _hang_fns(3), backend="process", num_workers=3, backend_options={"cpus": cpus}
+    ) as venv:
+        pids = _backend_of(venv).pids
+        assert [os.sched_getaffinity(pid) for pid in pids if pid is not None] == [
+            {cpus[k % len(cpus)]} for k in range(3)
+        ]
+        venv.reset(seed=0)
+        _, rewards, *_ = venv.step(np.zeros(3, np.int64))
+        assert rewards.tolist() == [1.0] * 3
+    assert not _children()
+
+
+@pytest.mark.timeout(30)
+def test_a_rebuilt_worker_is_pinned_like_the_one_it_replaces() -> None:
+    cpu = max(os.sched_getaffinity(0))
+    with aiovec.BlockingVectorEnv(
+        _hang_fns(2), backend="process", num_workers=2, backend_options={"cpus": [cpu]}
+    ) as venv:
+        venv.reset(seed=0)
+        old = _backend_of(venv).pids[0]
+        assert old is not None
+        os.kill(old, signal.SIGKILL)
+        with pytest.raises(aiovec.WorkerDiedError):
+            venv.step(np.zeros(2, np.int64))
+        venv.reset(seed=1)  # rebuilds env 0 on a new worker
+        new = _backend_of(venv).pids[0]
+        assert new is not None
+        assert new != old
+        assert os.sched_getaffinity(new) == {cpu}
+    assert not _children()
+
+
+@pytest.mark.parametrize(
+    ("cpus", "error", "match"),
+    [
+        ("0,1", TypeError, "sequence of CPU ids or None, got str"),
+        ([], ValueError, "at least one CPU"),
+        ([True], TypeError, "must hold ints"),
+        ([0.5], TypeError, "must hold ints"),
+        ([1 << 20], ValueError, r"CPU\(s\) \[1048576\] that this process may not run on"),
+    ],
+)
+def test_bad_cpus_are_refused_before_any_worker_starts(
+    cpus: Any, error: type[Exception], match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[int] = []
+    monkeypatch.setattr(process_backend.ProcessBackend, "_start", lambda self, w: started.append(w))
+    with pytest.raises(error, match=match):
+        aiovec.BlockingVectorEnv(_hang_fns(2), backend="process", backend_options={"cpus": cpus})
+    assert started == []

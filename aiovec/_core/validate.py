@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -131,7 +132,7 @@ def check_backend_options(
     if not allowed:
         raise ValueError(
             f"backend_options are not taken by backend={backend!r} (backend='ray' takes Ray "
-            f"actor options such as num_cpus), got {dict(value)!r}"
+            f"actor options such as num_cpus, backend='process' takes cpus), got {dict(value)!r}"
         )
     unknown = sorted(map(str, set(value) - allowed))
     if unknown:
@@ -140,6 +141,30 @@ def check_backend_options(
             f"backend={backend!r}; expected some of: {', '.join(sorted(allowed))}"
         )
     return dict(value)
+
+
+def check_cpus(value: object) -> tuple[int, ...] | None:
+    """``backend_options["cpus"]``: ``None``, or CPU ids this process may run on."""
+    if value is None:
+        return None
+    name = 'backend_options["cpus"]'
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of CPU ids or None, got {describe(value)}")
+    if not value:
+        raise ValueError(f"{name} must name at least one CPU, got {value!r}")
+    for cpu in value:
+        if isinstance(cpu, bool) or not isinstance(cpu, numbers.Integral):
+            raise TypeError(f"{name} must hold ints (CPU ids), got {describe(cpu)}")
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError(f"{name} needs os.sched_setaffinity, which this platform lacks")
+    allowed = os.sched_getaffinity(0)
+    outside = sorted({int(cpu) for cpu in value} - allowed)
+    if outside:
+        raise ValueError(
+            f"{name} has CPU(s) {outside} that this process may not run on; "
+            f"it may run on {sorted(allowed)}"
+        )
+    return tuple(int(cpu) for cpu in value)
 
 
 def check_num_workers(value: object, num_envs: int) -> int | None:

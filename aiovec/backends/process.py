@@ -62,13 +62,14 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import cloudpickle
 
+from aiovec._core import validate
 from aiovec._core.calls import CLOSE
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import CallOp, Op, StepOp
@@ -208,21 +209,33 @@ def split(num_envs: int, count: int) -> list[range]:
 
 
 class ProcessBackend(Backend):
-    """Hosts envs in worker processes; waits on them through the event loop."""
+    """Hosts envs in worker processes; waits on them through the event loop.
+
+    Args:
+        env_fns: The env factories.
+        num_workers: How many worker processes (default: one per CPU).
+        limiter: Not applied (each worker runs one env call at a time).
+        options: ``{"cpus": [...]}`` pins worker ``k`` to CPU
+            ``cpus[k % len(cpus)]`` (Linux); by default the OS places workers.
+    """
+
+    OPTIONS: ClassVar[frozenset[str]] = frozenset({"cpus"})
 
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
         num_workers: int | None = None,
         limiter: anyio.CapacityLimiter | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(env_fns, num_workers, limiter)
+        self._cpus = validate.check_cpus((options or {}).get("cpus"))
         self._ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             self._ctx.set_forkserver_preload([_worker.__name__])
         self._fns = list(env_fns)
         count = min(num_workers or os.cpu_count() or 1, self.num_envs)
-        groups = split(self.num_envs, count)
+        self._groups = groups = split(self.num_envs, count)
         self._owner = [w for w, group in enumerate(groups) for _ in group]
         self._all = range(self.num_envs)
         self._seq = 0
@@ -238,8 +251,8 @@ class ProcessBackend(Backend):
         self._shared: _SharedBuffer | None = None  # the buffer, once it is in use
         self._finalizer = weakref.finalize(self, _reap, self._workers, self._buffer)
         try:
-            for group in groups:
-                self._workers.append(self._start(group))
+            for w in range(len(groups)):
+                self._workers.append(self._start(w))
             traits = [_check_ready(worker, _first_message(worker)) for worker in self._workers]
             self.traits = EnvTraits(
                 [space for t in traits for space in t.observation_spaces],
@@ -275,7 +288,9 @@ class ProcessBackend(Backend):
     def _new_results(self) -> Rows:
         return Rows()
 
-    def _start(self, group: range) -> _Worker:
+    def _start(self, w: int) -> _Worker:
+        """Start worker ``w``, hosting the ``w``-th group (on its CPU, if pinned)."""
+        group = self._groups[w]
         payload = cloudpickle.dumps([self._fns[i] for i in group])
         child_requests, requests = self._ctx.Pipe(duplex=False)
         replies, child_replies = self._ctx.Pipe(duplex=False)
@@ -288,6 +303,9 @@ class ProcessBackend(Backend):
                 daemon=True,
             )
             process.start()
+            if self._cpus is not None:
+                with contextlib.suppress(ProcessLookupError):  # it died at once: seen later
+                    os.sched_setaffinity(process.pid, {self._cpus[w % len(self._cpus)]})
         except BaseException:
             requests.close()
             replies.close()
@@ -840,7 +858,7 @@ class ProcessBackend(Backend):
             if worker.alive:
                 worker.process.kill()
                 self._on_exit(worker)
-            worker = self._workers[w] = self._start(worker.group)
+            worker = self._workers[w] = self._start(w)
             self._pollers.clear()
             worker.ready = loop.create_future()
             self._watch(worker)
