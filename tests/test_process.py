@@ -318,6 +318,8 @@ def test_step_data_goes_through_shared_memory_that_leaves_nothing_behind() -> No
         venv.step(np.zeros(4, np.int64))
     assert shm() == shm_before
     assert set(os.listdir("/proc/self/fd")) <= fds_before
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        assert "aiovec-steps" not in maps.read()  # the buffer is unmapped, not only closed
     assert not _children()
 
 
@@ -498,6 +500,19 @@ def _group(fns: list[Any]) -> tuple[_worker.Group, StepArrays]:
     group.use_buffer(layout, mmap.mmap(-1, layout.nbytes), 0)
     assert group.arrays is not None
     return group, group.arrays
+
+
+@pytest.mark.parametrize("mode", list(_wire.MODES))
+def test_the_lean_messages_are_framed_like_any_message(mode: str) -> None:
+    seq = (1 << 40) + 3
+    (request,) = _wire.Frames().feed(_wire.lean_step(seq, mode))
+    assert _wire.frame(request) == _wire.lean_step(seq, mode)
+    assert request[0] == _wire.LEAN
+    assert _wire.read_lean_step(request) == (seq, mode)
+    (reply,) = _wire.Frames().feed(_wire.lean_reply(seq))
+    assert _wire.frame(reply) == _wire.lean_reply(seq)
+    assert reply[0] == _wire.LEAN
+    assert _wire.read_lean_reply(reply) == seq
 
 
 def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:

@@ -146,29 +146,49 @@ class Layout(NamedTuple):
 
     def fill(self, views: Any, value: Any) -> bool:
         """Write a whole batch (exact shapes and dtypes only); ``False`` if it does not fit."""
+        return self.filler(views)(value)
 
-        def put(tree: Tree, target: Any, value: Any) -> bool:
+    def filler(self, views: Any) -> Callable[[Any], bool]:
+        """`fill` into ``views``, compiled once for calls on every step."""
+
+        def compile_(tree: Tree, target: Any) -> Callable[[Any], bool]:
             kind, content = tree
             if kind == "leaf":
-                if (
-                    type(value) is not np.ndarray
-                    or value.shape != target.shape
-                    or value.dtype != target.dtype
-                ):
-                    return False
-                target[...] = value
-                return True
-            if kind == "dict":
-                return isinstance(value, dict) and all(
-                    key in value and put(sub, target[key], value[key]) for key, sub in content
-                )
-            return (
-                isinstance(value, tuple)
-                and len(value) == len(content)
-                and all(put(sub, target[k], value[k]) for k, sub in enumerate(content))
-            )
+                shape, dtype = target.shape, target.dtype
 
-        return put(self.tree, views, value)
+                def fill_leaf(value: Any) -> bool:
+                    if (
+                        type(value) is not np.ndarray
+                        or value.shape != shape
+                        or value.dtype != dtype
+                    ):
+                        return False
+                    target[...] = value
+                    return True
+
+                return fill_leaf
+            if kind == "dict":
+                parts = [(key, compile_(sub, target[key])) for key, sub in content]
+
+                def fill_dict(value: Any) -> bool:
+                    return isinstance(value, dict) and all(
+                        key in value and put(value[key]) for key, put in parts
+                    )
+
+                return fill_dict
+            items = [compile_(sub, target[k]) for k, sub in enumerate(content)]
+            size = len(items)
+
+            def fill_tuple(value: Any) -> bool:
+                return (
+                    isinstance(value, tuple)
+                    and len(value) == size
+                    and all(put(v) for put, v in zip(items, value, strict=True))
+                )
+
+            return fill_tuple
+
+        return compile_(self.tree, views)
 
     def split(self, batch: Any, count: int) -> list[Any]:
         """Each env's value out of a batch of ``count`` (as gymnasium's ``iterate`` gives them)."""

@@ -117,13 +117,17 @@ def _rebuild_shared_file(duplicate: Any) -> SharedFile:
 
 LEAN = 0x53  # b"S"; a pickle (protocol >= 2) starts with 0x80
 MODES = tuple(mode.value for mode in AutoresetMode)  # by code
-_LEAN_STEP = struct.Struct("<BqB")
-_LEAN_REPLY = struct.Struct("<Bq")
+_MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
+_LEAN_STEP = struct.Struct("!BqB")
+_LEAN_REPLY = struct.Struct("!Bq")
+# Framed at once: the length header (as `frame` writes it), then the payload.
+_FRAMED_LEAN_STEP = struct.Struct("!iBqB")
+_FRAMED_LEAN_REPLY = struct.Struct("!iBq")
 
 
 def lean_step(seq: int, mode: str) -> bytes:
     """The framed request: step every env of the group from the shared buffer."""
-    return frame(_LEAN_STEP.pack(LEAN, seq, MODES.index(mode)))
+    return _FRAMED_LEAN_STEP.pack(_LEAN_STEP.size, LEAN, seq, _MODE_CODES[mode])
 
 
 def read_lean_step(payload: bytes) -> tuple[int, str]:
@@ -134,7 +138,7 @@ def read_lean_step(payload: bytes) -> tuple[int, str]:
 
 def lean_reply(seq: int) -> bytes:
     """The framed reply: request ``seq`` done, everything is in the buffer."""
-    return frame(_LEAN_REPLY.pack(LEAN, seq))
+    return _FRAMED_LEAN_REPLY.pack(_LEAN_REPLY.size, LEAN, seq)
 
 
 def read_lean_reply(payload: bytes) -> int:

@@ -249,6 +249,7 @@ class ProcessBackend(Backend):
         self._workers: list[_Worker] = []
         self._buffer = _SharedBuffer()
         self._shared: _SharedBuffer | None = None  # the buffer, once it is in use
+        self._fill_actions: Callable[[Any], bool] | None = None  # actions into the buffer
         self._finalizer = weakref.finalize(self, _reap, self._workers, self._buffer)
         try:
             for w in range(len(groups)):
@@ -322,8 +323,10 @@ class ProcessBackend(Backend):
         layout = StepLayout.of(traits.observation_spaces[0], traits.action_spaces[0], self.num_envs)
         if layout is None:
             return
-        self._buffer.size(layout)
+        arrays = self._buffer.size(layout)
         self._shared = self._buffer
+        if layout.actions is not None:
+            self._fill_actions = layout.actions.filler(arrays.actions)
         for worker in self._workers:  # construction has no loop: wait here for each answer
             self._seq += 1
             self._post(worker, (self._seq, _worker.ATTACH, layout))
@@ -590,13 +593,10 @@ class ProcessBackend(Backend):
 
     def _actions_in_buffer(self, op: Op) -> bool:
         """Copy a whole step's batch of actions into the shared buffer, if it fits exactly."""
-        shared = self._shared
-        if not isinstance(op, StepOp) or op.batch is None or shared is None:
+        fill = self._fill_actions
+        if fill is None or not isinstance(op, StepOp) or op.batch is None:
             return False
-        layout, arrays = shared.layout, shared.arrays
-        if layout is None or layout.actions is None or arrays is None:
-            return False
-        return layout.actions.fill(arrays.actions, op.batch)
+        return fill(op.batch)
 
     def _lean_step(self, op: Op, since: float) -> None:
         """A whole step whose actions are in the buffer: its reset flags go there too.
@@ -916,6 +916,7 @@ class ProcessBackend(Backend):
             if exits:
                 await asyncio.wait(exits, timeout=_GRACE)
             self._detach()
+            self._fill_actions = None  # its views would keep the buffer mapped
             self._finalizer()
         return errors
 
@@ -931,6 +932,7 @@ class ProcessBackend(Backend):
                 close = CallOp([CLOSE] * len(local), "close")
                 with contextlib.suppress(OSError):
                     self._post(worker, (-1, _worker.CALL, local, close))
+        self._fill_actions = None  # its views would keep the buffer mapped
         self._finalizer()
 
 
