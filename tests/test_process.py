@@ -493,6 +493,33 @@ def test_a_whole_step_with_news_from_one_worker(
         np.testing.assert_array_equal(got[0], want[0])
 
 
+class SlowThenFails(Slow):
+    """Its first step takes ``delay`` seconds; its second raises."""
+
+    steps = 0
+
+    def step(self, action: int) -> Any:
+        self.steps += 1
+        if self.steps == 2:
+            raise ValueError("second step")
+        return super().step(action)
+
+
+def test_an_env_that_fails_after_a_lean_step_is_timed_from_its_own_start() -> None:
+    # A blocking whole step writes no per-env start time when it ends cleanly;
+    # the step after it must not be timed from an older call's start.
+    with aiovec.BlockingVectorEnv([SlowThenFails] * 2, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        venv.set_attr("delay", 1.0)  # the last call that writes every env's start
+        venv.step(np.zeros(2, np.int64))  # ~1 s, lean
+        with pytest.raises(aiovec.EnvError):
+            venv.step(np.zeros(2, np.int64))
+        latency = _backend_of(venv).latency
+        latency.summary()  # spreads the shared samples
+        last = [samples[-1] for samples in latency._samples]
+        assert all(seconds < 0.9 for seconds in last), last
+
+
 def _group(fns: list[Any]) -> tuple[_worker.Group, StepArrays]:
     group = _worker.Group(fns, 0)
     layout = StepLayout.of(*group.spaces, len(fns))

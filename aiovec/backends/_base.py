@@ -175,7 +175,11 @@ class Backend(abc.ABC):
     def _finish_block(self, block: StepBlock, since: float) -> None:
         """The envs of ``block`` (started at ``since``) finished their step together."""
         self.latency.record_many(block.envs, time.perf_counter() - since)
-        self.pending.difference_update(block.envs)
+        pending = self.pending
+        if len(block.envs) == len(pending):  # the block's envs are all in flight: all done
+            pending.clear()
+        else:
+            pending.difference_update(block.envs)
         results = self._results
         assert isinstance(results, Rows)
         results.add_block(block)

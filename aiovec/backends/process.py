@@ -533,7 +533,7 @@ class ProcessBackend(Backend):
         """
         if not worker.alive:
             return
-        self._lean = []
+        self._settle_lean()
         self._pollers.clear()
         if killed is None:
             # Replies it sent before dying still count; one that cannot be read is
@@ -572,21 +572,22 @@ class ProcessBackend(Backend):
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Write one request per worker hosting some of ``indices``; returns at once."""
         self._attach()
+        if self._lean:
+            self._settle_lean()
         since = time.perf_counter()
         self.pending.update(indices)
+        whole = indices == self._all and not self._lost  # each worker gets its whole group
+        if whole and self._actions_in_buffer(op):
+            self._lean_step(op, since)
+            return
         if indices == self._all:
             self._started[:] = [since] * self.num_envs
         else:
             for i in indices:
                 self._started[i] = since
-        if indices == self._all and not self._lost:  # each worker gets its whole group
-            in_buffer = self._actions_in_buffer(op)
-            if in_buffer:
-                self._lean_step(op, since)
-                return
+        if whole:
             for worker in self._workers:
-                group = worker.group
-                self._request(worker, group, op.subset(group), since, in_buffer)
+                self._request(worker, worker.group, op.subset(worker.group), since)
         else:
             for worker, envs, part in self._parts(indices, op):
                 self._request(worker, envs, part, since)
@@ -603,6 +604,9 @@ class ProcessBackend(Backend):
 
         Every request is made before any is written, so that the workers start
         together: a worker woken while the parent still works shares its core.
+        A blocking caller's `_collect_lean` usually delivers the whole step at
+        once, so each env's state (its request, when it started) is written only
+        if that wait hands over to the general one (`_settle_lean`).
         """
         assert isinstance(op, StepOp)
         assert self._shared is not None
@@ -612,12 +616,13 @@ class ProcessBackend(Backend):
         out, lean = [], []
         for worker in self._workers:
             self._seq += 1
-            seq, group = self._seq, worker.group
-            self._env_seq[group.start : group.stop] = [seq] * len(group)
-            self._requests[seq] = _Request(worker, group, since)
+            seq = self._seq
+            self._requests[seq] = _Request(worker, worker.group, since)
             out.append((worker, lean_step(seq, mode)))
             lean.append((worker, seq, lean_reply(seq)))
         self._lean = lean
+        if not driven_by_hand():  # the loop delivers each reply: no lean wait
+            self._settle_lean()
         for worker, data in out:
             try:
                 self._post_framed(worker, data)
@@ -649,10 +654,8 @@ class ProcessBackend(Backend):
         )
         self._fail_gone(lost, died)
 
-    def _request(
-        self, worker: _Worker, envs: Sequence[int], op: Op, since: float, in_buffer: bool = False
-    ) -> None:
-        """Send ``op`` for ``envs`` (all hosted by ``worker``); ``in_buffer``: its actions are."""
+    def _request(self, worker: _Worker, envs: Sequence[int], op: Op, since: float) -> None:
+        """Send ``op`` for ``envs`` (all hosted by ``worker``), pickled."""
         self._seq += 1
         seq = self._seq
         first = worker.group.start
@@ -668,7 +671,7 @@ class ProcessBackend(Backend):
                 locals_,
                 op.mode.value,
                 op.reset_first,
-                None if in_buffer else op.actions,
+                op.actions,
             )
         else:
             message = (seq, _worker.CALL, locals_, op)
@@ -722,6 +725,7 @@ class ProcessBackend(Backend):
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._lean and min_done >= self.num_envs:
             self._collect_lean(deadline)
+        self._settle_lean()
         while not self._satisfied():
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             # Out of time: one last look at every worker, so that no reply that came
@@ -760,10 +764,11 @@ class ProcessBackend(Backend):
         death, the deadline) ends this wait early: what it took is delivered,
         and the general wait of `collect` reads the rest.
         """
-        lean, self._lean = self._lean, []
+        lean = self._lean
         if any(worker.outbox for worker, _, _ in lean):  # a request still waits to be written
             return
         done: list[tuple[int, _Request]] = []
+        news: tuple[_Worker, bytes] | None = None
         try:
             for worker, seq, clean in reversed(lean):
                 request = self._requests.get(seq)
@@ -778,11 +783,14 @@ class ProcessBackend(Backend):
                 data = _read(worker)
                 if data != clean:
                     if data is not None:
-                        self._on_data(worker, data)
+                        news = worker, data
                     return
                 done.append((seq, request))
         finally:
             self._deliver_clean(done)
+            self._settle_lean()  # the rest, if any, waits in the general way
+            if news is not None:
+                self._on_data(*news)
 
     def _poller(self, worker: _Worker) -> Any:
         """A poll object on ``worker``'s replies and every live worker's sentinel."""
@@ -803,12 +811,22 @@ class ProcessBackend(Backend):
             for seq, request in done:
                 self._deliver_step(seq, request, _CLEAN_STEP)
             return
-        # Every worker's whole group, none cancelled: the whole step, as one block.
+        # Every worker's whole group, none cancelled: the whole step, as one block
+        # (its envs' state was never written: nothing to clear).
         assert self._shared is not None
         assert self._shared.arrays is not None
-        self._env_seq[:] = [0] * self.num_envs
         block = StepBlock(self._all, self._shared.arrays, {}, {})
         self._finish_block(block, done[0][1].since)
+
+    def _settle_lean(self) -> None:
+        """Write the per-env state of the lean requests still in flight (see `_lean_step`)."""
+        lean, self._lean = self._lean, []
+        for worker, seq, _ in lean:
+            request = self._requests.get(seq)
+            if request is not None:
+                group = worker.group
+                self._env_seq[group.start : group.stop] = [seq] * len(group)
+                self._started[group.start : group.stop] = [request.since] * len(group)
 
     def _awaited(self) -> Sequence[_Worker]:
         """The workers whose replies a blocking wait listens to.
@@ -829,6 +847,7 @@ class ProcessBackend(Backend):
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Abandon the calls in flight (of ``indices``, or all): workers run them to the end."""
+        self._settle_lean()
         for i in list(self.pending if indices is None else self.pending.intersection(indices)):
             seq, self._env_seq[i] = self._env_seq[i], 0
             if seq:
