@@ -195,11 +195,14 @@ class Batcher:
             self._block_obs = create_empty_array(self.single_observation_space, n=n, fn=np.zeros)
         observations = self._block_obs
         shared = blocks[0].arrays
-        if all(block.arrays is shared for block in blocks):  # one buffer: every row at once
+        if len(blocks) == 1 or all(block.arrays is shared for block in blocks):  # one buffer
             rewards = shared.rewards.copy()
             terminations = shared.terminations.copy()
             truncations = shared.truncations.copy()
-            copy_rows(observations, shared.observations, slice(None))
+            if self._box:
+                np.copyto(observations, shared.observations)
+            else:
+                copy_rows(observations, shared.observations, slice(None))
         else:
             rewards = np.empty(n, dtype=np.float64)
             terminations = np.empty(n, dtype=np.bool_)
@@ -225,7 +228,9 @@ class Batcher:
             extras.sort(key=lambda extra: extra[0])
             infos = merge_infos(n, _info_entries(extras))
         self._block_obs_current = True
-        batch = copy_batch(observations) if self.copy else observations
+        if not self.copy:
+            return observations, rewards, terminations, truncations, infos
+        batch = observations.copy() if self._box else copy_batch(observations)
         return batch, rewards, terminations, truncations, infos
 
     def _last_observations(self) -> list[Any]:

@@ -262,6 +262,8 @@ class ProcessBackend(Backend):
                 traits[0].render_mode,
             )
             self._share(self.traits)
+            for worker in self._workers:  # from now on replies are only read with os.read
+                os.set_blocking(worker.reply_fd, False)
         except BaseException:
             self.close_now()
             raise
@@ -770,17 +772,20 @@ class ProcessBackend(Backend):
         done: list[tuple[int, _Request]] = []
         news: tuple[_Worker, bytes] | None = None
         try:
-            for worker, seq, clean in reversed(lean):
+            for k, (worker, seq, clean) in enumerate(reversed(lean)):
                 request = self._requests.get(seq)
                 if request is None or request.partial or not worker.alive or worker.frames.partial:
                     return
-                wait_ms = None
-                if deadline is not None:
-                    wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-                events = self._poller(worker).poll(wait_ms)
-                if len(events) != 1 or events[0][0] != worker.reply_fd:  # a death, or time is up
-                    return
-                data = _read(worker)
+                # Once the newest has answered, the others usually have too: read first.
+                data = _read(worker) if k else None
+                if data is None:
+                    wait_ms = None
+                    if deadline is not None:
+                        wait_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+                    events = self._poller(worker).poll(wait_ms)
+                    if len(events) != 1 or events[0][0] != worker.reply_fd:  # death, time up
+                        return
+                    data = _read(worker)
                 if data != clean:
                     if data is not None:
                         news = worker, data
@@ -878,6 +883,7 @@ class ProcessBackend(Backend):
                 worker.process.kill()
                 self._on_exit(worker)
             worker = self._workers[w] = self._start(w)
+            os.set_blocking(worker.reply_fd, False)
             self._pollers.clear()
             worker.ready = loop.create_future()
             self._watch(worker)
