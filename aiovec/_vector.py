@@ -72,7 +72,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             ``pip install "aiovec[ray]"``).
         num_workers: How many workers host the envs (``"thread"``: threads,
             by default one per env; ``"process"``: processes, by default one
-            per CPU; ``"ray"``: actors, by default one per CPU of the cluster).
+            per CPU this process may use; ``"ray"``: actors, by default one per
+            CPU of the cluster).
         autoreset_mode: gymnasium's ``AutoresetMode`` (or its string value).
         step_timeout: Seconds an env may take to answer a step (and render,
             call, ...); ``None`` waits forever.  A late env fails with
@@ -93,7 +94,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             by several vector envs that talk to the same server.
         backend_options: Options of the backend.  ``"process"`` takes
             ``cpus``: CPU ids to pin the workers to, worker ``k`` on
-            ``cpus[k % len(cpus)]`` (Linux; ``docs/process.md``).  ``"ray"``
+            ``cpus[k % len(cpus)]`` (Linux); ``None`` never pins; ``"auto"``
+            (the default) pins one worker per usable CPU when there are as
+            many workers as usable CPUs (``docs/process.md``).  ``"ray"``
             takes the Ray actor options of every actor (``num_cpus``, ``num_gpus``,
             ``memory``, ``resources``, ``scheduling_strategy`` (default
             ``"SPREAD"``), ``runtime_env``, ...), and ``placement_timeout`` and

@@ -210,6 +210,15 @@ def test_workers_default_to_cores_but_never_more_than_envs() -> None:
         assert backend.num_workers == 1
 
 
+def test_workers_default_to_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    usable = os.sched_getaffinity(0)
+    monkeypatch.setattr(os, "cpu_count", lambda: len(usable) + 7)  # more CPUs than usable
+    with aiovec.BlockingVectorEnv([Hang] * (len(usable) + 3), backend="process") as venv:
+        assert _backend_of(venv).num_workers == len(usable)
+
+
 def test_split_is_contiguous_and_even() -> None:
     assert process_backend.split(5, 2) == [range(3), range(3, 5)]
     assert process_backend.split(4, 4) == [range(i, i + 1) for i in range(4)]
@@ -729,6 +738,35 @@ def test_workers_are_pinned_round_robin_to_the_cpus_given() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_by_default_one_worker_per_usable_cpu_is_pinned_to_it() -> None:
+    usable = sorted(os.sched_getaffinity(0))
+    with aiovec.BlockingVectorEnv(
+        _hang_fns(len(usable)), backend="process", num_workers=len(usable)
+    ) as venv:
+        pids = _backend_of(venv).pids
+        assert [os.sched_getaffinity(pid) for pid in pids if pid is not None] == [
+            {cpu} for cpu in usable
+        ]
+    with aiovec.BlockingVectorEnv(
+        _hang_fns(len(usable)),
+        backend="process",
+        num_workers=len(usable),
+        backend_options={"cpus": None},
+    ) as venv:
+        pids = _backend_of(venv).pids
+        assert all(os.sched_getaffinity(pid) == set(usable) for pid in pids if pid is not None)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable CPUs")
+def test_by_default_fewer_workers_than_cpus_are_not_pinned() -> None:
+    usable = os.sched_getaffinity(0)
+    with aiovec.BlockingVectorEnv(_hang_fns(2), backend="process", num_workers=1) as venv:
+        (pid,) = _backend_of(venv).pids
+        assert pid is not None
+        assert os.sched_getaffinity(pid) == usable
+    assert not _children()
+
+
 def test_a_rebuilt_worker_is_pinned_like_the_one_it_replaces() -> None:
     cpu = max(os.sched_getaffinity(0))
     with aiovec.BlockingVectorEnv(
@@ -751,7 +789,7 @@ def test_a_rebuilt_worker_is_pinned_like_the_one_it_replaces() -> None:
 @pytest.mark.parametrize(
     ("cpus", "error", "match"),
     [
-        ("0,1", TypeError, "sequence of CPU ids or None, got str"),
+        ("0,1", TypeError, 'must be "auto", None or a sequence of CPU ids, got str'),
         ([], ValueError, "at least one CPU"),
         ([True], TypeError, "must hold ints"),
         ([0.5], TypeError, "must hold ints"),

@@ -47,7 +47,7 @@ import aiovec
 from aiovec._cli.args import int_list, positive_float
 from aiovec._cli.memory import PeakMemory
 from aiovec._cli.report import Progress, StepTimes, format_table
-from aiovec._core.validate import BACKENDS
+from aiovec._core.validate import BACKENDS, usable_cpus
 from aiovec.backends import load_backend
 from aiovec.backends._base import check_env
 
@@ -412,7 +412,7 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def _default_workers() -> tuple[int, ...]:
-    cores = os.cpu_count() or 1
+    cores = len(usable_cpus())
     powers = {2**k for k in range(cores.bit_length()) if 2**k <= cores}
     return tuple(sorted(powers | {cores}))
 

@@ -143,13 +143,17 @@ def check_backend_options(
     return dict(value)
 
 
-def check_cpus(value: object) -> tuple[int, ...] | None:
-    """``backend_options["cpus"]``: ``None``, or CPU ids this process may run on."""
+def check_cpus(value: object) -> tuple[int, ...] | str | None:
+    """``backend_options["cpus"]``: ``"auto"``, ``None``, or CPU ids this process may run on."""
     if value is None:
         return None
+    if value == "auto":
+        return "auto"
     name = 'backend_options["cpus"]'
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a sequence of CPU ids or None, got {describe(value)}")
+        raise TypeError(
+            f'{name} must be "auto", None or a sequence of CPU ids, got {describe(value)}'
+        )
     if not value:
         raise ValueError(f"{name} must name at least one CPU, got {value!r}")
     for cpu in value:
@@ -165,6 +169,13 @@ def check_cpus(value: object) -> tuple[int, ...] | None:
             f"it may run on {sorted(allowed)}"
         )
     return tuple(int(cpu) for cpu in value)
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (all of them where the OS cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def check_num_workers(value: object, num_envs: int) -> int | None:

@@ -216,7 +216,9 @@ class ProcessBackend(Backend):
         num_workers: How many worker processes (default: one per CPU).
         limiter: Not applied (each worker runs one env call at a time).
         options: ``{"cpus": [...]}`` pins worker ``k`` to CPU
-            ``cpus[k % len(cpus)]`` (Linux); by default the OS places workers.
+            ``cpus[k % len(cpus)]`` (Linux); ``None`` lets the OS place every
+            worker; ``"auto"`` (the default) pins them when there is one
+            worker per usable CPU, and lets the OS place them otherwise.
     """
 
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"cpus"})
@@ -229,12 +231,18 @@ class ProcessBackend(Backend):
         options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(env_fns, num_workers, limiter)
-        self._cpus = validate.check_cpus((options or {}).get("cpus"))
+        cpus = validate.check_cpus((options or {}).get("cpus", "auto"))
         self._ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             self._ctx.set_forkserver_preload([_worker.__name__])
         self._fns = list(env_fns)
-        count = min(num_workers or os.cpu_count() or 1, self.num_envs)
+        usable = validate.usable_cpus()
+        count = min(num_workers or len(usable), self.num_envs)
+        if cpus == "auto":  # one worker per usable CPU: each on its own
+            pin = count == len(usable) and hasattr(os, "sched_setaffinity")
+            cpus = tuple(usable) if pin else None
+        assert not isinstance(cpus, str)
+        self._cpus = cpus
         self._groups = groups = split(self.num_envs, count)
         self._owner = [w for w, group in enumerate(groups) for _ in group]
         self._all = range(self.num_envs)
