@@ -276,6 +276,10 @@ class Odd(gymnasium.Env[np.ndarray, int]):
             obs = np.zeros(3, np.float32)
         elif self.kind == "reward":  # an odd reward type: batched by message
             reward = np.array(reward)
+        elif self.kind == "column":  # the row's values, in another shape
+            obs = obs.reshape(2, 1)
+        elif self.kind == "scalar":  # a 0-d array
+            obs = np.array(self.t, np.float32)
         return obs, reward, False, False, {"t": self.t} if self.t % 2 else {}
 
 
@@ -606,6 +610,12 @@ class OddOrFails(Odd):
         ([OddOrFails] * 4, ["exact", "exact", "raise", "exact"]),  # a gap
         ([OddOrFails] * 4, ["exact", "float64", "exact", "exact"]),  # env by env
         ([OddOrFails] * 4, ["exact", "reward", "exact", "exact"]),
+        ([OddOrFails] * 4, ["exact", "column", "exact", "exact"]),
+        ([OddOrFails] * 4, ["column"] * 4),
+        ([OddOrFails] * 4, ["exact", "exact", "scalar", "exact"]),
+        ([OddOrFails] * 4, ["exact", "shape", "exact", "exact"]),
+        ([OddOrFails, AsyncOdd, OddOrFails, OddOrFails], ["column"] * 4),  # rows not in order
+        ([OddOrFails, AsyncOdd, OddOrFails, OddOrFails], ["exact", "exact", "scalar", "exact"]),
     ],
 )
 def test_results_written_together_are_those_written_one_by_one(

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-import operator
 import os
 import pickle
 import signal
@@ -94,7 +93,6 @@ _NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.int64, np.int
 _FLAGS = frozenset({bool, np.bool_})
 _DICTS = frozenset({dict})
 _ARRAYS = frozenset({np.ndarray})
-_shape = operator.attrgetter("shape")
 
 
 def main(
@@ -309,11 +307,9 @@ class Group:
         )
         if not (
             _NUMBERS.issuperset(map(type, rewards))
-            and _FLAGS.issuperset(map(type, terminations))
-            and _FLAGS.issuperset(map(type, truncations))
+            and _FLAGS.issuperset(map(type, terminations + truncations))
             and _DICTS.issuperset(map(type, infos_))
             and _ARRAYS.issuperset(map(type, obs))
-            and set(map(_shape, obs)) == {row_shape}
         ):
             return False
         arrays = self.arrays
@@ -321,20 +317,25 @@ class Group:
         keys = list(stepped)
         start = self.first_row + keys[0]
         rows: slice | list[int]
-        # Rows joined end to end (``concatenate``: ``stack`` costs 3x); ``casting="no"``
-        # refuses any observation of another dtype before a byte is written.
+        # Rows joined end to end (``concatenate``: ``stack`` costs 3x).  Each
+        # observation's first dimension is checked here; joining them checks the
+        # others (a different count of dimensions, or a different size after the
+        # first, raises ValueError), and ``casting="no"`` refuses another dtype,
+        # all before a byte is written.
+        joined_shape = (len(keys) * row_shape[0], *row_shape[1:])
         try:
+            if set(map(len, obs)) != {row_shape[0]}:  # len() of a 0-d array: TypeError
+                return False
             if keys == list(range(keys[0], keys[0] + len(keys))):
                 rows = slice(start, start + len(keys))
-                flat = observations[rows].reshape((-1, *row_shape[1:]))
-                np.concatenate(obs, out=flat, casting="no")
+                np.concatenate(obs, out=observations[rows].reshape(joined_shape), casting="no")
             else:
                 rows = [self.first_row + j for j in keys]
                 joined = np.concatenate(obs)
-                if joined.dtype != dtype:
+                if joined.dtype != dtype or joined.shape != joined_shape:
                     return False
                 observations[rows] = joined.reshape((len(keys), *row_shape))
-        except TypeError:  # another dtype
+        except (TypeError, ValueError):  # another dtype, or another shape
             return False
         arrays.rewards[rows] = rewards
         arrays.terminations[rows] = terminations
