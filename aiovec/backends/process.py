@@ -213,7 +213,7 @@ class ProcessBackend(Backend):
 
     Args:
         env_fns: The env factories.
-        num_workers: How many worker processes (default: one per CPU).
+        num_workers: How many worker processes (default: one per usable CPU).
         limiter: Not applied (each worker runs one env call at a time).
         options: ``{"cpus": [...]}`` pins worker ``k`` to CPU
             ``cpus[k % len(cpus)]`` (Linux); ``None`` lets the OS place every
@@ -949,7 +949,7 @@ class ProcessBackend(Backend):
             if exits:
                 await asyncio.wait(exits, timeout=_GRACE)
             self._detach()
-            self._fill_actions = None  # its views would keep the buffer mapped
+            self._fill_actions = None  # it writes through views of the buffer unmapped next
             self._finalizer()
         return errors
 
@@ -965,7 +965,7 @@ class ProcessBackend(Backend):
                 close = CallOp([CLOSE] * len(local), "close")
                 with contextlib.suppress(OSError):
                     self._post(worker, (-1, _worker.CALL, local, close))
-        self._fill_actions = None  # its views would keep the buffer mapped
+        self._fill_actions = None  # it writes through views of the buffer unmapped next
         self._finalizer()
 
 
