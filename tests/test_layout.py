@@ -68,7 +68,7 @@ def test_fill_then_split_gives_what_gymnasium_iterate_gives(name: str) -> None:
     views = layout.views(bytearray(layout.end))
     batched.seed(3)
     batch = batched.sample()
-    assert layout.fill(views, batch)
+    assert layout.filler(views)(batch)
     got = layout.split(take_rows(views, [1, 3]), 2)
     want = list(iterate(batched, batch))
     for value, expected in zip(got, [want[1], want[3]], strict=True):
@@ -136,16 +136,16 @@ def test_values_that_do_not_fit_exactly_are_refused(space: spaces.Space[Any], va
     assert layout is not None
     views = layout.views(bytearray(layout.end))
     assert not layout.writer(views)(1, value)
-    assert not layout.fill(views, value)
+    assert not layout.filler(views)(value)
 
 
 def test_fill_refuses_a_batch_of_another_dtype() -> None:
     layout = Layout.of(spaces.Discrete(3), 4)
     assert layout is not None
     views = layout.views(bytearray(layout.end))
-    assert not layout.fill(views, np.zeros(4, np.int32))
-    assert not layout.fill(views, [0, 1, 2, 0])
-    assert layout.fill(views, np.array([0, 1, 2, 0]))
+    assert not layout.filler(views)(np.zeros(4, np.int32))
+    assert not layout.filler(views)([0, 1, 2, 0])
+    assert layout.filler(views)(np.array([0, 1, 2, 0]))
     np.testing.assert_array_equal(views, [0, 1, 2, 0])
 
 

@@ -555,6 +555,23 @@ def test_the_lean_messages_are_framed_like_any_message(mode: str) -> None:
     assert _wire.read_lean_reply(reply) == seq
 
 
+def test_a_group_reads_its_actions_and_resets_from_its_own_rows() -> None:
+    # Envs 5-7 in a buffer of their own (as a ray actor has): rows 0-2, not 5-7.
+    group = _worker.Group([Odd] * 3, 5)
+    layout = StepLayout.of(*group.spaces, 3)
+    assert layout is not None
+    group.use_buffer(layout, mmap.mmap(-1, layout.nbytes), 0)
+    arrays = group.arrays
+    assert arrays is not None
+    for j, env in enumerate(group.envs):
+        env.reset(seed=j)
+    arrays.actions[:] = [1, 0, 1]
+    arrays.resets[:] = [False, True, False]
+    group.step(range(3), "NextStep", None, None)
+    np.testing.assert_array_equal(arrays.observations[:, 0], [2.0, 0.0, 2.0])
+    np.testing.assert_array_equal(arrays.rewards, [1.0, 0.0, 1.0])
+
+
 def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
     group, arrays = _group([Odd] * 3)
     for j, env in enumerate(group.envs):

@@ -144,12 +144,12 @@ class Layout(NamedTuple):
 
         return compile_(self.tree, views)
 
-    def fill(self, views: Any, value: Any) -> bool:
-        """Write a whole batch (exact shapes and dtypes only); ``False`` if it does not fit."""
-        return self.filler(views)(value)
-
     def filler(self, views: Any) -> Callable[[Any], bool]:
-        """`fill` into ``views``, compiled once for calls on every step."""
+        """A function writing a whole batch into ``views``, compiled once.
+
+        It writes exact shapes and dtypes only, and returns ``False`` (maybe
+        having written part of it) for a batch that does not fit.
+        """
 
         def compile_(tree: Tree, target: Any) -> Callable[[Any], bool]:
             kind, content = tree

@@ -216,7 +216,8 @@ class Group:
             self._bulk = (self.arrays.observations, leaves[0].shape[1:], leaves[0].dtype)
 
     def _rows(self, locals_: Sequence[int]) -> slice | list[int]:
-        first = self.first
+        """The rows of envs ``locals_`` in the shared buffer."""
+        first = self.first_row
         if isinstance(locals_, range):
             return slice(first + locals_.start, first + locals_.stop)
         return [first + j for j in locals_]
