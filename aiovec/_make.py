@@ -10,22 +10,13 @@ import gymnasium
 from gymnasium.envs.registration import EnvSpec
 
 from aiovec._blocking import BlockingVectorEnv
+from aiovec._core.options import VECTOR_OPTIONS
 from aiovec._core.validate import describe
 from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("make",)
 
-_VECTOR_KWARGS = frozenset(
-    {
-        "num_workers",
-        "autoreset_mode",
-        "step_timeout",
-        "reset_timeout",
-        "on_error",
-        "copy",
-        "backend_options",
-    }
-)
+_VECTOR_KWARGS = frozenset(VECTOR_OPTIONS)
 
 
 def _build(
@@ -56,9 +47,9 @@ def make(
             `AsyncioVectorEnv`.
         backend: Where envs live (see `AsyncioVectorEnv`).
         wrappers: Callables applied, in order, to each single env.
-        **kwargs: ``num_workers``, ``autoreset_mode``, ``step_timeout``,
-            ``reset_timeout``, ``on_error`` and ``copy`` go to the vector env; everything else is
-            passed to ``gymnasium.make`` (or to the factory).
+        **kwargs: The vector env's options (``num_workers``, ``step_timeout``,
+            ``max_concurrency``, ...: every keyword of `AsyncioVectorEnv`) go to the
+            vector env; everything else is passed to ``gymnasium.make`` (or to the factory).
 
     Returns:
         The vector env.
