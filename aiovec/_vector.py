@@ -39,9 +39,8 @@ from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, Reset, SetAttr
 from aiovec._core.latency import LatencyStats
-from aiovec._core.lifecycle import Lifecycle, Op, State
-from aiovec._core.ops import CallOp, StepOp
-from aiovec._core.ops import Op as BackendOp
+from aiovec._core.lifecycle import Lifecycle, State, VectorCall
+from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
 from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
@@ -243,13 +242,13 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         Returns:
             Batched observations and infos.
         """
-        self._life.check(Op.RESET)
+        self._life.check(VectorCall.RESET)
         seeds = validate.check_seeds(seed, self.num_envs)
         env_options, mask = validate.check_options(options, self.num_envs)
         if mask is None:
             indices: Sequence[int] = self._all
         else:
-            self._life.check(Op.RESET_MASK)
+            self._life.check(VectorCall.RESET_MASK)
             indices = np.flatnonzero(mask).tolist()
         op = CallOp([Reset(seeds[i], env_options) for i in indices], "reset")
         results = await self._run(indices, op, breaks=True)
@@ -268,7 +267,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             ``(observations, rewards, terminations, truncations, infos)``,
             ordered by env index.
         """
-        self._life.check(Op.STEP)
+        self._life.check(VectorCall.STEP)
         per_env = self._batcher.split_actions(actions)
         reset_first = self._autoreset.plan()
         op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions)
@@ -289,7 +288,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             actions: One action per env in ``env_ids``, batched.
             env_ids: The envs to step (``None``: every env).
         """
-        self._life.check(Op.SEND)
+        self._life.check(VectorCall.SEND)
         ids = validate.check_env_ids(env_ids, self.num_envs)
         busy = sorted(self._in_flight.intersection(ids))
         if busy:
@@ -337,7 +336,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         Returns:
             ``(observations, rewards, terminations, truncations, infos, env_ids)``.
         """
-        self._life.check(Op.RECV)
+        self._life.check(VectorCall.RECV)
         wanted = validate.check_min_envs(min_envs, len(self._in_flight))
         wait = validate.check_timeout("timeout", timeout)
         self._life.state = State.BUSY
@@ -457,7 +456,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     async def set_attr(self, name: str, values: Any) -> None:
         """Set attribute ``name`` on every env: one value per env, or one for all."""
-        self._life.check(Op.INSPECT)
+        self._life.check(VectorCall.INSPECT)
         name = _check_name(name)
         calls = [SetAttr(name, v) for v in validate.check_values(values, self.num_envs)]
         await self._run(self._all, CallOp(calls, "set_attr"), breaks=False)
@@ -511,12 +510,12 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     # -- machinery -------------------------------------------------------------------
 
     async def _broadcast(self, call: EnvCall, name: str) -> tuple[Any, ...]:
-        self._life.check(Op.INSPECT)
+        self._life.check(VectorCall.INSPECT)
         results = await self._run(self._all, CallOp([call] * self.num_envs, name), breaks=False)
         return self._batcher.gather(self._all, results)
 
     async def _run(
-        self, indices: Sequence[int], op: BackendOp, *, breaks: bool
+        self, indices: Sequence[int], op: Op, *, breaks: bool
     ) -> MutableMapping[int, Any]:
         """Run ``op`` on ``indices`` and return every env's result, or raise.
 
@@ -557,7 +556,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.state = before
         return results
 
-    async def _gather(self, indices: Sequence[int], op: BackendOp) -> Outcomes:
+    async def _gather(self, indices: Sequence[int], op: Op) -> Outcomes:
         """Launch ``op`` and collect every env's outcome; late envs fail with TimeoutError.
 
         Every env's call runs to its end, failed or not: the errors reported

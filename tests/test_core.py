@@ -15,7 +15,7 @@ from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, copy_batch
 from aiovec._core.calls import AUTORESET, STEP, new_step_flow
-from aiovec._core.lifecycle import Lifecycle, Op, State
+from aiovec._core.lifecycle import Lifecycle, State, VectorCall
 
 CORE = pathlib.Path(__file__).parent.parent / "aiovec" / "_core"
 FORBIDDEN = {"asyncio", "anyio", "threading", "multiprocessing", "pickle", "cloudpickle", "ray"}
@@ -145,19 +145,19 @@ def test_full_reset_clears_every_ended_flag():
 # -- lifecycle table ------------------------------------------------------------------
 
 LIFECYCLE_TABLE = [
-    (State.NEEDS_RESET, Op.RESET, None),
-    (State.NEEDS_RESET, Op.STEP, "reset\\(\\) first"),
-    (State.NEEDS_RESET, Op.RESET_MASK, "reset\\(\\) first"),
-    (State.NEEDS_RESET, Op.INSPECT, None),
-    (State.READY, Op.STEP, None),
-    (State.READY, Op.RESET_MASK, None),
-    (State.BUSY, Op.STEP, "in flight"),
-    (State.BUSY, Op.RESET, "in flight"),
-    (State.BUSY, Op.INSPECT, "in flight"),
-    (State.BROKEN, Op.RESET, None),
-    (State.BROKEN, Op.STEP, "only a full reset\\(\\)"),
-    (State.BROKEN, Op.RESET_MASK, "only a full reset\\(\\)"),
-    (State.BROKEN, Op.INSPECT, "only a full reset\\(\\)"),
+    (State.NEEDS_RESET, VectorCall.RESET, None),
+    (State.NEEDS_RESET, VectorCall.STEP, "reset\\(\\) first"),
+    (State.NEEDS_RESET, VectorCall.RESET_MASK, "reset\\(\\) first"),
+    (State.NEEDS_RESET, VectorCall.INSPECT, None),
+    (State.READY, VectorCall.STEP, None),
+    (State.READY, VectorCall.RESET_MASK, None),
+    (State.BUSY, VectorCall.STEP, "in flight"),
+    (State.BUSY, VectorCall.RESET, "in flight"),
+    (State.BUSY, VectorCall.INSPECT, "in flight"),
+    (State.BROKEN, VectorCall.RESET, None),
+    (State.BROKEN, VectorCall.STEP, "only a full reset\\(\\)"),
+    (State.BROKEN, VectorCall.RESET_MASK, "only a full reset\\(\\)"),
+    (State.BROKEN, VectorCall.INSPECT, "only a full reset\\(\\)"),
 ]
 
 
@@ -172,7 +172,7 @@ def test_lifecycle_table(state, op, error):
             life.check(op)
 
 
-@pytest.mark.parametrize("op", list(Op))
+@pytest.mark.parametrize("op", list(VectorCall))
 def test_closed_allows_nothing(op):
     life = Lifecycle()
     life.state = State.CLOSED
@@ -184,7 +184,7 @@ def test_broken_message_says_why():
     life = Lifecycle()
     life.break_("step() failed in env 3")
     with pytest.raises(StateError, match="env 3"):
-        life.check(Op.STEP)
+        life.check(VectorCall.STEP)
 
 
 def test_a_closed_env_cannot_be_broken_again():

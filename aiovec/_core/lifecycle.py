@@ -18,7 +18,7 @@ import enum
 
 from aiovec._errors import ClosedError, StateError
 
-__all__ = ("Lifecycle", "Op", "State")
+__all__ = ("Lifecycle", "State", "VectorCall")
 
 
 class State(enum.Enum):
@@ -36,7 +36,7 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-class Op(enum.Enum):
+class VectorCall(enum.Enum):
     """The calls the table governs."""
 
     # Members are singletons: identity hashing is exact, and C-speed (Enum's own
@@ -51,13 +51,13 @@ class Op(enum.Enum):
     INSPECT = "render()/call()/get_attr()/set_attr()"
 
 
-_ALL = frozenset(Op)
-_ALLOWED: dict[State, frozenset[Op]] = {
-    State.NEEDS_RESET: frozenset({Op.RESET, Op.INSPECT}),
-    State.READY: _ALL - {Op.RECV},
-    State.SENT: frozenset({Op.SEND, Op.RECV}),
+_ALL = frozenset(VectorCall)
+_ALLOWED: dict[State, frozenset[VectorCall]] = {
+    State.NEEDS_RESET: frozenset({VectorCall.RESET, VectorCall.INSPECT}),
+    State.READY: _ALL - {VectorCall.RECV},
+    State.SENT: frozenset({VectorCall.SEND, VectorCall.RECV}),
     State.BUSY: frozenset(),
-    State.BROKEN: frozenset({Op.RESET}),
+    State.BROKEN: frozenset({VectorCall.RESET}),
     State.CLOSED: frozenset(),
 }
 
@@ -83,19 +83,19 @@ class Lifecycle:
         self.state = State.NEEDS_RESET
         self.broken_because = ""
 
-    def check(self, op: Op) -> None:
-        """Raise ``StateError`` (``ClosedError`` once closed) unless ``op`` is allowed now."""
+    def check(self, call: VectorCall) -> None:
+        """Raise ``StateError`` (``ClosedError`` once closed) unless ``call`` is allowed now."""
         state = self.state
-        if op in _ALLOWED[state]:
+        if call in _ALLOWED[state]:
             return
         if state is State.CLOSED:
-            raise ClosedError(f"cannot call {op.value}: {_WHY[state]}")
+            raise ClosedError(f"cannot call {call.value}: {_WHY[state]}")
         if state is State.BROKEN:
             raise StateError(
-                f"cannot call {op.value}: {self.broken_because}; only a full reset() "
+                f"cannot call {call.value}: {self.broken_because}; only a full reset() "
                 "(without reset_mask) or close() is allowed now"
             )
-        raise StateError(f"cannot call {op.value}: {_WHY[state]}")
+        raise StateError(f"cannot call {call.value}: {_WHY[state]}")
 
     def break_(self, reason: str) -> None:
         """Enter ``BROKEN``: a call failed or was cancelled half-way."""
