@@ -41,11 +41,12 @@ import numpy as np
 import aiovec
 from aiovec._cli.args import non_negative_float, positive_int
 from aiovec._cli.report import Progress, StepTimes, format_table
+from aiovec._core.validate import BACKENDS as ALL_BACKENDS
 from aiovec.gameserver import BlockingGameClientEnv, GameClientEnv, GameServer
 
 __all__ = ("DemoSettings", "Row", "add_parser", "render", "run", "run_demo")
 
-BACKENDS = ("inline", "thread", "process")
+BACKENDS = tuple(name for name in ALL_BACKENDS if name != "ray")  # ray needs a cluster
 NUM_ACTIONS = 5  # the game's Discrete(5) moves
 
 
