@@ -14,7 +14,7 @@ per-env allocations (a frozen dataclass costs ~0.25 us to build).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, MutableSequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,9 @@ __all__ = (
     "Reset",
     "SetAttr",
     "Step",
+    "StepFlow",
     "Transition",
+    "flow_at",
     "new_step_flow",
     "step_flow",
 )
@@ -102,7 +104,11 @@ inside this step (``SAME_STEP``), else ``None``.
 """
 
 
-def step_flow(mode: AutoresetMode) -> Generator[EnvCall | Transition | None, Any, None]:
+StepFlow = Generator[EnvCall | Transition | None, Any, None]
+"""A `step_flow` generator."""
+
+
+def step_flow(mode: AutoresetMode) -> StepFlow:
     """One env's steps, for the env's whole life, under gymnasium 1.x autoreset rules.
 
     Protocol (one flow per env, made once; ``next(flow)`` primes it):
@@ -138,8 +144,21 @@ def step_flow(mode: AutoresetMode) -> Generator[EnvCall | Transition | None, Any
             transition = (obs, reward, terminated, truncated, info, None)
 
 
-def new_step_flow(mode: AutoresetMode) -> Generator[EnvCall | Transition | None, Any, None]:
+def new_step_flow(mode: AutoresetMode) -> StepFlow:
     """A primed `step_flow`, ready for ``send(reset_first)``."""
     flow = step_flow(mode)
     next(flow)
+    return flow
+
+
+def flow_at(flows: MutableSequence[StepFlow | None], i: int, mode: AutoresetMode | str) -> StepFlow:
+    """Env ``i``'s flow: ``flows[i]``, or a new one stored there if it has none.
+
+    Every driver keeps one flow per env in such a list and sets an env's entry
+    to ``None`` when a call on it raises.  Hot loops write
+    ``flows[i] or flow_at(flows, i, mode)`` to skip the call.
+    """
+    flow = flows[i]
+    if flow is None:
+        flow = flows[i] = new_step_flow(AutoresetMode(mode))
     return flow

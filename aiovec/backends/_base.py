@@ -24,6 +24,8 @@ from aiovec._core.latency import LatencyBook
 from aiovec._core.ops import CallOp, Op
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
+from aiovec.backends import _drive
+from aiovec.backends._drive import close_quietly
 
 __all__ = (
     "Backend",
@@ -133,9 +135,11 @@ class Backend(abc.ABC):
     ) -> dict[int, BaseException]:
         """Finish what is in flight, then close the envs ``indices``; errors by env.
 
-        An env whose ``close()`` has not finished within ``timeout`` seconds is
-        abandoned and reported with a ``TimeoutError``.
+        An env whose ``close()`` has not finished within ``_drive.CLOSE_TIMEOUT``
+        seconds (the same for every backend) is abandoned and reported with a
+        ``TimeoutError``.  ``timeout`` is for backends that still pass their own.
         """
+        timeout = _drive.CLOSE_TIMEOUT if timeout is None else timeout
         await self.drain()
         self.launch(indices, CallOp([CLOSE] * len(indices), "close"))
         _, errors = await self.collect(len(indices), timeout=timeout)
@@ -150,6 +154,14 @@ class Backend(abc.ABC):
         """Env ``i``'s call (started at ``since``) waits: it is in flight and timed."""
         self.pending.add(i)
         self._started[i] = since
+
+    def _restamp(self, i: int) -> Callable[[], None]:
+        """Restart env ``i``'s latency clock (it waited for a concurrency token)."""
+
+        def restamp() -> None:
+            self._started[i] = time.perf_counter()
+
+        return restamp
 
     def _new_results(self) -> MutableMapping[int, Any]:
         """An empty mapping for the results of the next collect."""
@@ -271,22 +283,3 @@ def check_rebuilt(
     ):
         if space != first:
             raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")
-
-
-def close_quietly(envs: Sequence[Any]) -> None:
-    """Best-effort close of envs built outside any call (e.g. construction failed)."""
-    for env in envs:
-        close = getattr(env, "close", None)
-        if close is None:
-            continue
-        try:
-            result = close()
-            if asyncio.iscoroutine(result):  # an async env's close: run it if it needs no loop
-                try:
-                    result.send(None)
-                except StopIteration:
-                    pass
-                else:
-                    result.close()
-        except Exception:  # the construction error matters more
-            continue

@@ -2,16 +2,19 @@
 
 These are the only places that turn a call value into a method call on an env.
 Every backend uses them (inline in the caller's loop, the thread backend on a
-worker thread, the process backend inside its worker).
+worker thread, the process backend inside its worker), closing included: an
+env's ``close()`` gets `CLOSE_TIMEOUT` seconds wherever it is made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import Generator
+from collections.abc import Sequence
 from typing import Any, cast
 
 from aiovec._core.calls import (
+    CLOSE,
     STEP,
     CallMethod,
     Close,
@@ -20,12 +23,23 @@ from aiovec._core.calls import (
     Render,
     Reset,
     SetAttr,
+    StepFlow,
     Transition,
 )
 
-__all__ = ("perform_async", "perform_sync", "step_async", "step_sync")
+__all__ = (
+    "CLOSE_TIMEOUT",
+    "StepFlow",
+    "aclose_quietly",
+    "close_quietly",
+    "perform_async",
+    "perform_sync",
+    "step_async",
+    "step_sync",
+)
 
-StepFlow = Generator[EnvCall | Transition | None, Any, None]
+CLOSE_TIMEOUT = 10.0
+"""Seconds an env's ``close()`` may take; an env still closing then is abandoned."""
 
 
 def _get_attr(env: Any, name: str) -> Any:
@@ -94,3 +108,31 @@ async def step_async(env: Any, flow: StepFlow, reset_first: bool, action: Any) -
         else:
             call = send(await perform_async(env, cast(EnvCall, call)))
     return call
+
+
+def close_quietly(envs: Sequence[Any]) -> None:
+    """Close envs best effort, without a loop (e.g. construction failed).
+
+    Errors are ignored; an async env's close runs only as far as it goes
+    without waiting.
+    """
+    for env in envs:
+        try:
+            result = perform_sync(env, CLOSE)
+            if asyncio.iscoroutine(result):
+                try:
+                    result.send(None)
+                except StopIteration:
+                    pass
+                else:
+                    result.close()
+        except Exception:  # the error that brought us here matters more
+            continue
+
+
+async def aclose_quietly(env: Any) -> None:
+    """Close an env that already failed, best effort: errors ignored, a hang cut short."""
+    try:
+        await asyncio.wait_for(perform_async(env, CLOSE), CLOSE_TIMEOUT)
+    except Exception:  # the env already failed; its close may well fail too
+        return

@@ -2,7 +2,11 @@
 
 The limiter may be shared by several vector envs that talk to one server.  A
 call takes a token without waiting when one is free (so an eager call stays
-eager) and otherwise waits for one; it gives it back when it has finished.
+eager) and otherwise waits for one; its latency clock restarts once it holds
+the token (time queued is not the env's), and it gives the token back when it
+has finished.  This module is the only place that touches a limiter: inline
+wraps a call's coroutine in `limited`; the thread backend, whose calls run on
+threads, takes and gives back tokens around each job with the functions below.
 """
 
 from __future__ import annotations
@@ -12,7 +16,33 @@ from typing import Any
 
 import anyio
 
-__all__ = ("limited",)
+__all__ = ("give_back", "limited", "take_now", "take_waiting")
+
+
+def take_now(limiter: anyio.CapacityLimiter, token: object) -> bool:
+    """Take one of ``limiter``'s tokens as ``token`` if one is free now; whether it did."""
+    try:
+        limiter.acquire_on_behalf_of_nowait(token)
+    except anyio.WouldBlock:
+        return False
+    return True
+
+
+async def take_waiting(
+    limiter: anyio.CapacityLimiter, token: object, started: Callable[[], None]
+) -> None:
+    """Wait for one of ``limiter``'s tokens as ``token``; then call ``started``.
+
+    ``started`` restarts the env's latency clock: the time spent queued is not
+    the env's.
+    """
+    await limiter.acquire_on_behalf_of(token)
+    started()
+
+
+def give_back(limiter: anyio.CapacityLimiter, token: object) -> None:
+    """Return the token held as ``token``."""
+    limiter.release_on_behalf_of(token)
 
 
 async def limited(
@@ -23,19 +53,15 @@ async def limited(
 ) -> Any:
     """Await ``coro`` holding one of ``limiter``'s tokens (borrowed as ``token``).
 
-    ``started`` is called once the token is held after waiting for it, so that
-    the time spent queued is not counted as the env's latency.
+    ``started`` is called once the token is held after waiting for it.
     """
-    try:
-        limiter.acquire_on_behalf_of_nowait(token)
-    except anyio.WouldBlock:
+    if not take_now(limiter, token):
         try:
-            await limiter.acquire_on_behalf_of(token)
+            await take_waiting(limiter, token, started)
         except BaseException:
             coro.close()  # never started: close it rather than leak it
             raise
-        started()
     try:
         return await coro
     finally:
-        limiter.release_on_behalf_of(token)
+        give_back(limiter, token)

@@ -14,32 +14,28 @@ from typing import Any
 
 import anyio
 
-from aiovec._core.calls import new_step_flow
+from aiovec._core.calls import flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
-from aiovec.backends._base import Backend, EnvTraits, build_envs, close_quietly
-from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
+from aiovec.backends._base import Backend, EnvTraits, build_envs
+from aiovec.backends._drive import (
+    StepFlow,
+    aclose_quietly,
+    close_quietly,
+    perform_async,
+    perform_sync,
+    step_async,
+    step_sync,
+)
 from aiovec.backends._lanes import PENDING, Lanes
 from aiovec.backends._limit import limited
 
 __all__ = ("InlineBackend",)
 
-_CLOSE_TIMEOUT = 5.0  # seconds an old env gets to close before it is rebuilt
-
 # Backends not closed yet.  Their lane tasks are reachable from here, never only
 # through a vector env that was forgotten: collected together with it, a pending
 # task would be "destroyed but pending".  The vector env's finalizer cancels them.
 _OPEN: set[InlineBackend] = set()
-
-
-async def _close_within(env: Any, seconds: float) -> None:
-    """Close ``env`` best effort: its errors are ignored, a hang is cut short."""
-    try:
-        result = env.close()
-        if asyncio.iscoroutine(result):
-            await asyncio.wait_for(result, seconds)
-    except Exception:  # the env already failed; its close may well fail too
-        return
 
 
 class InlineBackend(Backend):
@@ -81,13 +77,13 @@ class InlineBackend(Backend):
             )
         elif self._any_async:
             self._run_each(
-                (i, step_sync, step_async, (envs[i], flows[i] or self._new_flow(i, op), rf, a))
+                (i, step_sync, step_async, (envs[i], flows[i] or flow_at(flows, i, op.mode), rf, a))
                 for i, rf, a in zip(indices, op.reset_first, op.actions, strict=True)
             )
         else:  # the hot path of synchronous envs: one tight loop
             for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
                 try:
-                    flow = flows[i] or self._new_flow(i, op)
+                    flow = flows[i] or flow_at(flows, i, op.mode)
                     results[i] = step_sync(envs[i], flow, first, action)
                 except BaseException as exc:
                     self._fail(i, exc)
@@ -122,18 +118,6 @@ class InlineBackend(Backend):
             if loop is not None:
                 lanes.leave(caller)
 
-    def _restamp(self, i: int) -> Callable[[], None]:
-        """Restart env ``i``'s latency clock (it waited for a concurrency token)."""
-
-        def restamp() -> None:
-            self._started[i] = time.perf_counter()
-
-        return restamp
-
-    def _new_flow(self, i: int, op: StepOp) -> StepFlow:
-        flow = self._flows[i] = new_step_flow(op.mode)
-        return flow
-
     def _fail(self, i: int, error: BaseException) -> None:
         self._flows[i] = None  # it still expects the failed call's result
         self._errors[i] = error
@@ -151,7 +135,7 @@ class InlineBackend(Backend):
         for i in indices:
             self._lanes.cancel(i)  # an idle lane ends; a new one comes with the next call
             self._flows[i] = None
-            await _close_within(self._envs[i], _CLOSE_TIMEOUT)
+            await aclose_quietly(self._envs[i])
             try:
                 env = self._env_fns[i]()
                 self._check_rebuilt(i, env)

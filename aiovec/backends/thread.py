@@ -29,17 +29,18 @@ from typing import Any
 
 import anyio
 
-from aiovec._core.calls import new_step_flow
+from aiovec._core.calls import flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
 from aiovec._errors import EnvError
-from aiovec.backends._base import Backend, EnvTraits, check_env, close_quietly
-from aiovec.backends._drive import StepFlow, perform_sync, step_sync
+from aiovec.backends import _drive
+from aiovec.backends._base import Backend, EnvTraits, check_env
+from aiovec.backends._drive import StepFlow, close_quietly, perform_sync, step_sync
+from aiovec.backends._limit import give_back, take_now, take_waiting
 
 __all__ = ("ThreadBackend",)
 
 _STOP = object()
-_CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandoned
 _JOIN_TIMEOUT = 2.0  # seconds for all threads to end once their envs are closed
 
 
@@ -139,7 +140,7 @@ class ThreadBackend(Backend):
         generations = self._generations
         if isinstance(op, StepOp):
             for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
-                flow = self._flows[i] or self._new_flow(i, op)
+                flow = self._flows[i] or flow_at(self._flows, i, op.mode)
                 self._submit((i, generations[i], step_sync, (self._envs[i], flow, first, action)))
             return
         for i, call in zip(indices, op.calls, strict=True):
@@ -150,9 +151,7 @@ class ThreadBackend(Backend):
         self._mark_waiting(i, time.perf_counter())
         if self.limiter is not None:
             token = self._tokens[i, generation] = object()
-            try:
-                self.limiter.acquire_on_behalf_of_nowait(token)
-            except anyio.WouldBlock:
+            if not take_now(self.limiter, token):
                 self._waiting[i] = asyncio.get_running_loop().create_task(self._submit_later(job))
                 return
         self._worker(i).jobs.put(job)
@@ -161,23 +160,18 @@ class ThreadBackend(Backend):
         i, generation = job[0], job[1]
         assert self.limiter is not None
         try:
-            await self.limiter.acquire_on_behalf_of(self._tokens[i, generation])
+            await take_waiting(self.limiter, self._tokens[i, generation], self._restamp(i))
         except asyncio.CancelledError:
             del self._tokens[i, generation]
             raise
         finally:
             self._waiting.pop(i, None)
-        self._started[i] = time.perf_counter()  # queued time is not the env's latency
         self._worker(i).jobs.put(job)
 
     def _release(self, i: int, generation: int) -> None:
         token = self._tokens.pop((i, generation), None)
         if token is not None and self.limiter is not None:
-            self.limiter.release_on_behalf_of(token)
-
-    def _new_flow(self, i: int, op: StepOp) -> StepFlow:
-        flow = self._flows[i] = new_step_flow(op.mode)
-        return flow
+            give_back(self.limiter, token)
 
     def _post(self, i: int, generation: int, value: Any, error: BaseException | None) -> None:
         """On a worker thread: hand an outcome to the loop (one wake-up per burst)."""
@@ -230,8 +224,7 @@ class ThreadBackend(Backend):
         return errors
 
     def _rebuild_one(self, i: int, done: concurrent.futures.Future[Any]) -> None:
-        with contextlib.suppress(Exception):  # the env already failed; so may its close
-            self._envs[i].close()
+        close_quietly([self._envs[i]])  # it already failed; so may its close
         try:
             env = self._env_fns[i]()
             _check_env(i, env)
@@ -255,7 +248,7 @@ class ThreadBackend(Backend):
 
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env on its thread, then stop and join the threads."""
-        errors = await self._close_envs(range(self.num_envs), _CLOSE_TIMEOUT)
+        errors = await self._close_envs(range(self.num_envs))
         self._stop_workers()
         return errors
 
@@ -273,7 +266,7 @@ class ThreadBackend(Backend):
         for i, env in enumerate(self._envs):
             if env is not None:
                 self._worker(i).jobs.put((i, -1, close_quietly, ([env],)))
-        self._stop_workers(_CLOSE_TIMEOUT)
+        self._stop_workers(_drive.CLOSE_TIMEOUT)
 
     def _stop_workers(self, timeout: float = _JOIN_TIMEOUT) -> None:
         """Stop every thread once its queued jobs are done; wait ``timeout`` s at most."""

@@ -30,6 +30,7 @@ from gymnasium.vector import SyncVectorEnv
 
 import aiovec
 from aiovec._core.lifecycle import State
+from aiovec.backends import _drive
 from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv, SpaceEnv
 from faults.conftest import skip_unless_available
 from faults.leaks import LeakCheck, checking, pending_tasks
@@ -575,3 +576,25 @@ def test_garbage_collecting_an_unclosed_blocking_vector_env(backend, flavour):
         del envs
         with pytest.warns(ResourceWarning, match="never closed"):
             drop(held)
+
+
+@pytest.mark.parametrize(("backend", "flavour"), [("inline", "async"), ("thread", "sync")])
+@pytest.mark.asyncio
+async def test_an_env_whose_close_hangs_is_abandoned_after_the_close_timeout(
+    backend, flavour, gate, monkeypatch
+):
+    """Every backend gives an env's ``close()`` the one `_drive.CLOSE_TIMEOUT`."""
+    monkeypatch.setattr(_drive, "CLOSE_TIMEOUT", 0.2)
+    cls = AsyncHangingEnv if flavour == "async" else HangingEnv
+    fns = [plain, lambda: cls(space_env(LONG), gate, method="close")]
+    venv = aiovec.AsyncioVectorEnv(fns, backend=backend)
+    await venv.reset(seed=0)
+    try:
+        with pytest.raises(aiovec.EnvError, match=r"in close\(\)") as info:
+            await venv.close()
+    finally:
+        gate.release()  # the abandoned close may end now
+    assert set(info.value.errors) == {1}
+    assert isinstance(info.value.errors[1], TimeoutError)
+    assert "0.2 s" in str(info.value.errors[1])
+    assert venv.closed
