@@ -8,7 +8,8 @@ Two strategies, chosen once, when the runner is made:
     loop*: the loop is only marked as this thread's running loop while the
     coroutine is sent ``None``.  A vector call whose envs all finish without
     waiting (sync envs, CPU-bound async envs) completes right there, costing
-    no loop iteration (~1.5 us instead of the ~50 us of ``Runner.run``).  A
+    no loop iteration (docs/performance.md: a few us, against ``Runner.run``'s
+    ~50).  A
     coroutine that suspends is wrapped, with the future it waits on, in a task
     (``Resume``) that ``loop.run_until_complete`` finishes.  Not
     ``Runner.run``: it swaps the SIGINT handler on every call, which on 3.11
@@ -27,8 +28,8 @@ Two strategies, chosen once, when the runner is made:
 
 ``loop-thread`` (a loop already runs in this thread, e.g. Jupyter)
     The runner starts an anyio blocking portal: an event loop on a thread of
-    its own, and each call runs there (~130 us a call).  Ctrl-C cancels the
-    call on that loop and waits for it to unwind.
+    its own, and each call runs there (a round trip between threads per call).
+    Ctrl-C cancels the call on that loop and waits for it to unwind.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 gymnasium's ``VectorEnv._add_info`` merges one env's info into the batch at a
 time: per env and key it looks the key up, picks or makes its array and mask,
-and assigns one element (~2.3 us an env for a two-key info, the largest part
-of a cheap waiting env-step).  `merge_infos` builds each key's array and
-``_key`` mask once for all the envs that have it, and gives exactly
+and assigns one element: the largest part of a cheap waiting env-step.
+`merge_infos` builds each key's array and ``_key`` mask once for all the envs
+that have it, and gives exactly
 ``_add_info``'s result, applied env by env in the order given:
 
 - the array's dtype comes from the first value's type, as gymnasium picks it:

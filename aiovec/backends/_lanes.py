@@ -1,10 +1,11 @@
 """Lanes: run each env's coroutine eagerly, inside a task of its own.
 
 Theory of operation.  ``asyncio.gather`` costs one new Task per env per step
-(~5 us here); an env whose coroutine finishes without suspending needs no Task
-at all.  So each call is first driven *eagerly* with ``coro.send(None)`` from
-the caller's loop.  Most finish right there.  One that suspends is handed, with
-the future it yielded, to its env's *lane*: a long-lived task that resumes it.
+(docs/performance.md compares the two); an env whose coroutine finishes
+without suspending needs no Task at all.  So each call is first driven
+*eagerly* with ``coro.send(None)`` from the caller's loop.  Most finish right
+there.  One that suspends is handed, with the future it yielded, to its env's
+*lane*: a long-lived task that resumes it.
 
 Two things keep this indistinguishable from a real task per call:
 
