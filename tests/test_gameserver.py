@@ -33,7 +33,7 @@ from aiovec.gameserver import (
     ProtocolError,
     game_spaces,
 )
-from aiovec.gameserver.protocol import Frames
+from aiovec.gameserver.protocol import Framer
 
 GAME = {"size": 4, "max_steps": 10}  # small: episodes end often, both ways
 
@@ -174,7 +174,7 @@ def test_clients_accept_loopback_addresses_only():
 def test_frames_are_cut_whatever_the_pieces_they_arrive_in():
     stream = frame(b"abc") + frame(b"") + frame(b"x" * 300)
     for piece in (1, 2, 3, 5, 7, 64, len(stream)):
-        frames, payloads = Frames(max_bytes=300), []
+        frames, payloads = Framer(max_bytes=300), []
         for start in range(0, len(stream), piece):
             payloads += frames.feed(stream[start : start + piece])
         assert payloads == [b"abc", b"", b"x" * 300], piece
@@ -182,7 +182,7 @@ def test_frames_are_cut_whatever_the_pieces_they_arrive_in():
 
 
 def test_frames_refuse_an_oversized_header_before_its_body():
-    frames = Frames(max_bytes=10)
+    frames = Framer(max_bytes=10)
     assert frames.feed(frame(b"0123456789")[:-1]) == []  # 10 bytes: allowed, not complete
     assert (frames.pending, frames.needed) == (13, 14)
     assert frames.feed(b"9" + struct.pack(">I", 11)[:2]) == [b"0123456789"]

@@ -7,7 +7,7 @@ per module, the first three pure (no sockets, no event loop):
 
 - ``game``: `ChaseGame`, a runner chasing a wandering target on a grid, and
   `LocalGameEnv`, the game as a plain ``gymnasium.Env`` (the oracle).
-- ``protocol``: the wire format, with its one framer (`Frames`) and the
+- ``protocol``: the wire format, with its one framer (`Framer`) and the
   functions each side builds and reads messages with; `ProtocolError`.
 - ``session``: one connection's game on the server (request in, reply out).
 - ``server``: `GameServer`, an ``asyncio.Protocol`` per connection on

@@ -32,7 +32,7 @@ from aiovec.gameserver.game import Obs, StepResult, game_spaces
 from aiovec.gameserver.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
     LOOPBACK,
-    Frames,
+    Framer,
     ProtocolError,
     closed_error,
     hello_request,
@@ -199,7 +199,7 @@ class _ClientConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._where = where
-        self._frames = Frames(max_bytes)
+        self._frames = Framer(max_bytes)
         self._waiter: asyncio.Future[bytes] | None = None
         self._failure: Exception | None = None
 
@@ -269,7 +269,7 @@ class BlockingGameClientEnv(_Client, gymnasium.Env[Obs, np.int64]):
     """
 
     _sock: socket.socket | None = None
-    _frames: Frames  # made on connecting
+    _frames: Framer  # made on connecting
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -295,7 +295,7 @@ class BlockingGameClientEnv(_Client, gymnasium.Env[Obs, np.int64]):
             sock.close()
 
     def _connect(self) -> None:
-        self._frames = Frames(self.max_message_bytes)
+        self._frames = Framer(self.max_message_bytes)
         try:
             self._sock = socket.create_connection((self.host, self.port), self.connect_timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -1,6 +1,6 @@
 """The game protocol (version 2): frames, messages, and how each side reads them (no I/O).
 
-A frame is a 4-byte big-endian length, then its payload.  `Frames` cuts a
+A frame is a 4-byte big-endian length, then its payload.  `Framer` cuts a
 byte stream into payloads for the server and both clients, and checks the
 length against ``max_message_bytes`` as soon as the header is in: an
 oversized frame is refused before any of its body is waited for or kept.
@@ -49,7 +49,7 @@ __all__ = (
     "DEFAULT_MAX_MESSAGE_BYTES",
     "LOOPBACK",
     "PROTOCOL_VERSION",
-    "Frames",
+    "Framer",
     "Message",
     "ProtocolError",
     "closed_error",
@@ -136,7 +136,7 @@ _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 _DECODER: Final = json.JSONDecoder(parse_constant=_no_constants)
 
 
-class Frames:
+class Framer:
     """Cuts a byte stream into frame payloads, refusing an oversized one from its header.
 
     Bytes are fed as they arrive; a frame's body is buffered only once its length
@@ -356,7 +356,7 @@ def step_result(payload: bytes, where: str) -> StepResult:
     return obs, reward, terminated == 1, truncated == 1, {"steps": steps, "distance": distance}
 
 
-def closed_error(frames: Frames, where: str) -> ConnectionResetError:
+def closed_error(frames: Framer, where: str) -> ConnectionResetError:
     """The error for a connection the server closed (in the middle of a frame or not)."""
     if frames.pending:
         return _cut_frame(frames.pending, frames.needed)

@@ -24,7 +24,7 @@ from aiovec.gameserver.game import ChaseGame
 from aiovec.gameserver.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
     LOOPBACK,
-    Frames,
+    Framer,
     ProtocolError,
     error_frame,
 )
@@ -242,7 +242,7 @@ class _Connection(asyncio.Protocol):
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self.admitted = False
         self.last_due = 0.0  # loop time at which this connection's last queued reply leaves
-        self._frames = Frames(server.max_message_bytes)
+        self._frames = Framer(server.max_message_bytes)
         self._writing_paused = False
         self._done = False  # an error reply is on its way: read nothing more
 
