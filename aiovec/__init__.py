@@ -10,13 +10,22 @@ from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.latency import LatencyStats
 from aiovec._core.restart import RestartPolicy
 from aiovec._env import AsyncEnv
-from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
+from aiovec._errors import (
+    AlreadyPendingCallError,
+    ClosedError,
+    EnvError,
+    EnvTimeoutError,
+    NoAsyncCallError,
+    StateError,
+    WorkerDiedError,
+)
 from aiovec._make import make
 from aiovec._vector import AsyncioVectorEnv
 
 __version__ = "0.1.0.dev0"
 
 __all__ = (
+    "AlreadyPendingCallError",
     "AsyncEnv",
     "AsyncioVectorEnv",
     "BlockingVectorEnv",
@@ -24,6 +33,7 @@ __all__ = (
     "EnvError",
     "EnvTimeoutError",
     "LatencyStats",
+    "NoAsyncCallError",
     "RestartPolicy",
     "StateError",
     "WorkerDiedError",

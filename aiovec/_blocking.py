@@ -1,7 +1,9 @@
 """``BlockingVectorEnv``: `AsyncioVectorEnv` as a synchronous gymnasium vector env.
 
 Every method is one line: it runs the same call of one ``AsyncioVectorEnv``
-through one `Runner`.  No rule lives here.
+through one `Runner`.  No rule lives here: gymnasium's ``AsyncVectorEnv``
+spellings (``step_async``/``step_wait``, ``reset_async``/``reset_wait``) run the
+vector env's ``send``/``recv`` machinery and its lifecycle table.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._core.batching import StepBatch
 from aiovec._core.latency import LatencyStats
-from aiovec._core.lifecycle import State
+from aiovec._core.lifecycle import PENDING, State
 from aiovec._core.restart import RestartPolicy
+from aiovec._core.validate import describe
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv, RecvBatch
 
@@ -37,9 +40,12 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
 
     Takes exactly the arguments of `AsyncioVectorEnv` and follows the
     same rules; it is a drop-in replacement for
-    ``gymnasium.vector.SyncVectorEnv`` in synchronous scripts, and works
-    inside a running event loop too (Jupyter), where it runs its envs on a
-    helper thread.
+    ``gymnasium.vector.SyncVectorEnv`` (``backend="inline"``) and for
+    ``gymnasium.vector.AsyncVectorEnv`` (``backend="process"``; it has
+    ``step_async``/``step_wait``, ``reset_async``/``reset_wait`` and
+    ``close(terminate=...)``) in synchronous scripts, and works inside a
+    running event loop too (Jupyter), where it runs its envs on a helper
+    thread.
 
     Example:
         >>> envs = BlockingVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 4)
@@ -113,6 +119,65 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         """Step the envs; see `AsyncioVectorEnv.step`."""
         return self._runner.run(self.vector_env.step(actions))
 
+    def reset_async(
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        """Start resetting the envs and return at once, as ``AsyncVectorEnv.reset_async``.
+
+        The arguments are `reset`'s and are checked here; collect the result
+        with `reset_wait`.
+
+        Raises:
+            aiovec.AlreadyPendingCallError: A ``step_async`` (or ``send``) or
+                ``reset_async`` is still waiting to be collected.
+        """
+        self._runner.run(self.vector_env._reset_async(seed, options))
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """Wait for the reset started by `reset_async`; what `reset` returns.
+
+        Args:
+            timeout: Seconds to wait at most (``None``: no limit).  The envs
+                that have not answered by then are cancelled: nothing of them
+                can reach a later call, and only a full `reset` (or
+                `close`) is allowed next.
+
+        Raises:
+            aiovec.NoAsyncCallError: No `reset_async` is waiting to be collected.
+            aiovec.EnvTimeoutError: Some env did not answer within ``timeout``
+                (also a ``TimeoutError`` and a ``multiprocessing.TimeoutError``,
+                which ``AsyncVectorEnv`` raises).
+            aiovec.EnvError: Some env's reset raised.
+        """
+        return self._runner.run(self.vector_env._reset_wait(timeout))
+
+    def step_async(self, actions: Any) -> None:
+        """Start a step of every env and return at once, as ``AsyncVectorEnv.step_async``.
+
+        It is `send` for every env: the actions are checked here; collect the
+        result with `step_wait`.
+
+        Raises:
+            aiovec.AlreadyPendingCallError: A call is still waiting to be collected.
+        """
+        self._runner.run(_call(self.vector_env._step_async, actions))
+
+    def step_wait(self, timeout: float | None = None) -> StepBatch:
+        """Wait for the step started by `step_async`; what `step` returns.
+
+        Args:
+            timeout: Seconds to wait at most, as in `reset_wait`.
+
+        Raises:
+            aiovec.NoAsyncCallError: No `step_async` is waiting to be collected.
+            aiovec.EnvTimeoutError: As in `reset_wait` (or past ``step_timeout``).
+            aiovec.EnvError: Some env's step raised (under ``on_error="restart"``
+                it is restarted, as in `step`).
+        """
+        return self._runner.run(self.vector_env._step_wait(timeout))
+
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Start steps for some envs; see `AsyncioVectorEnv.send`."""
         self._runner.run(_call(self.vector_env.send, actions, env_ids))
@@ -141,26 +206,49 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         """Per-env latency of calls that waited; see `AsyncioVectorEnv.latency_stats`."""
         return self.vector_env.latency_stats()
 
-    def close(self, **kwargs: Any) -> None:
+    def close(self, *, terminate: bool = False) -> None:  # type: ignore[override]
         """Close every env and the runner's loop; calling it again does nothing.
 
-        The vector env ends closed even when some env's ``close`` raises.
+        The vector env ends closed even when some env's ``close`` raises.  A
+        call still waiting to be collected (``step_async``, ``reset_async``,
+        ``send``) is cancelled, with a ``UserWarning`` as ``AsyncVectorEnv``
+        gives.
+
+        Args:
+            terminate: Do not wait for the envs to close, as
+                ``AsyncVectorEnv.close(terminate=True)``: every env is closed
+                best effort without waiting on it, and worker processes still
+                running after a short grace period are terminated.
 
         Raises:
             aiovec.EnvError: Some env's ``close`` raised (everything else was
-                still released).
+                still released; not with ``terminate=True``).
         """
+        if not isinstance(terminate, bool):
+            raise TypeError(f"terminate must be a bool, got {describe(terminate)}")
         if self.closed:
             return
+        pending = PENDING.get(self.state)
         try:
-            self.close_extras(**kwargs)
+            self.close_extras(terminate=terminate)
         finally:
             self.closed = True
+        if pending is not None:  # after closing: a warning turned into an error leaks nothing
+            warnings.warn(
+                f"Calling `close` while waiting for a pending call to `{pending}` to complete."
+                " It was cancelled.",
+                UserWarning,
+                stacklevel=2,
+            )
 
-    def close_extras(self, **kwargs: Any) -> None:
+    def close_extras(self, *, terminate: bool = False, **kwargs: Any) -> None:
         """Close the envs, then the runner's loop; called once by ``close()``."""
         try:
-            self._runner.run(self.vector_env.close())
+            if terminate:  # the calls in flight unwind on the loop; then nothing waits
+                self._runner.run(self.vector_env._drain_sent())
+                self.vector_env._close_now()
+            else:
+                self._runner.run(self.vector_env.close())
         finally:
             self._runner.close()
 

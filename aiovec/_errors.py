@@ -4,12 +4,17 @@ The tree::
 
     Exception
      +-- EnvError                   an env failed; names it (.env_index, .errors)
-     |    +-- EnvTimeoutError       an env did not answer within step_timeout
+     |    +-- EnvTimeoutError       an env did not answer in time (step_timeout, reset_timeout,
+     |                              or step_wait/reset_wait's timeout); also a TimeoutError and
+     |                              a multiprocessing.TimeoutError (what AsyncVectorEnv raises)
      |    +-- WorkerDiedError       the process or actor hosting some envs died
      +-- ValueError
           +-- StateError            the call is not allowed in the vector env's state
                +-- ClosedError      any call after close() (also a gymnasium
-                                    ClosedEnvironmentError)
+               |                    ClosedEnvironmentError)
+               +-- NoAsyncCallError         step_wait()/reset_wait() with nothing sent
+               +-- AlreadyPendingCallError  step_async()/reset_async() while a call waits
+                                    (both also gymnasium's errors of the same names)
 
 Bad arguments raise the built-in ``ValueError`` / ``TypeError`` with a message
 naming the argument, what was expected and what came.  All exceptions here
@@ -18,12 +23,21 @@ pickle, so they cross process boundaries unchanged.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Mapping
 from typing import Any
 
 import gymnasium.error
 
-__all__ = ("ClosedError", "EnvError", "EnvTimeoutError", "StateError", "WorkerDiedError")
+__all__ = (
+    "AlreadyPendingCallError",
+    "ClosedError",
+    "EnvError",
+    "EnvTimeoutError",
+    "NoAsyncCallError",
+    "StateError",
+    "WorkerDiedError",
+)
 
 
 class EnvError(Exception):
@@ -59,8 +73,14 @@ class EnvError(Exception):
         return (type(self), (self.errors, self.operation))
 
 
-class EnvTimeoutError(EnvError, TimeoutError):
-    """An env did not answer within ``step_timeout`` seconds."""
+class EnvTimeoutError(EnvError, TimeoutError, multiprocessing.TimeoutError):
+    """An env did not answer in time.
+
+    The time was ``step_timeout`` or ``reset_timeout`` seconds, or the
+    ``timeout`` of ``BlockingVectorEnv.step_wait``/``reset_wait``.  It is also a
+    ``multiprocessing.TimeoutError``, which ``gymnasium.vector.AsyncVectorEnv``
+    raises when a wait times out.
+    """
 
 
 class WorkerDiedError(EnvError):
@@ -78,3 +98,30 @@ class StateError(ValueError):
 
 class ClosedError(StateError, gymnasium.error.ClosedEnvironmentError):
     """The vector env is closed; only ``close()`` (a no-op) is allowed."""
+
+
+class _GymnasiumStateError(StateError):
+    """A `StateError` that is also one of gymnasium's errors with a ``name`` attribute."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.name))
+
+
+class NoAsyncCallError(_GymnasiumStateError, gymnasium.error.NoAsyncCallError):
+    """``step_wait()``/``reset_wait()`` without a pending ``step_async()``/``reset_async()``.
+
+    Attributes:
+        name: The call that was expected to be pending (``"step"`` or ``"reset"``).
+    """
+
+
+class AlreadyPendingCallError(_GymnasiumStateError, gymnasium.error.AlreadyPendingCallError):
+    """``step_async()``/``reset_async()`` while another call is pending.
+
+    Attributes:
+        name: The call that is pending (``"step"`` or ``"reset"``).
+    """

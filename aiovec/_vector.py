@@ -13,8 +13,14 @@ written anywhere else.
   set; ``_raise_for`` turns the remaining failures into ``EnvError`` (or
   ``EnvTimeoutError``) and says which state the vector env is left in.
 - ``send``/``recv`` are partial stepping: ``send`` launches a step for some envs
-  and returns; ``recv`` collects (``_collect_sent``) until ``min_envs`` are in,
-  cancelling envs past their own deadline, and batches that subset.
+  and returns; ``recv`` collects (``_receive``, ``_collect_sent``) until
+  ``min_envs`` are in, cancelling envs past their own deadline, and batches that
+  subset.  gymnasium's ``AsyncVectorEnv`` spellings, which only
+  ``BlockingVectorEnv`` offers, are the same path: ``_step_async`` is a ``send``
+  of every env, ``_step_wait`` a ``_receive`` of every env batched as ``step``
+  batches; ``_reset_async`` launches a reset the same way (``RESET_SENT``) and
+  ``_reset_wait`` receives it.  A wait's own ``timeout`` fails the envs still
+  out with ``TimeoutError``: they are cancelled, nothing of them can come later.
 - ``_unwound`` is set while a call waits on envs, so that ``close()`` can cancel
   the envs and wait for that call to unwind before closing them.
 """
@@ -39,7 +45,7 @@ from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, Reset, SetAttr
 from aiovec._core.latency import LatencyStats
-from aiovec._core.lifecycle import Lifecycle, State, VectorCall
+from aiovec._core.lifecycle import PENDING, Lifecycle, State, VectorCall
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
 from aiovec._core.rows import Rows
@@ -174,6 +180,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._check_results = validate.step_result_checker(traits.observation_spaces[0])
         self._autoreset = AutoresetState(mode, self.num_envs)
         self._in_flight: set[int] = set()  # envs started by send(), not yet recv()ed
+        self._sent_reset: tuple[np.ndarray | None, dict[int, BaseException]] = (None, {})
+        """The mask of the reset in flight (RESET_SENT) and the lost envs it could not rebuild."""
         self._sent_at = [0.0] * self.num_envs
         self._restarts = RestartBook(self.restart_policy or RestartPolicy(), self.num_envs)
         self._all = range(self.num_envs)
@@ -242,7 +250,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         Returns:
             Batched observations and infos.
         """
-        self._life.check(VectorCall.RESET)
+        indices, op, mask = self._reset_call(VectorCall.RESET, seed, options)
+        results = await self._run(indices, op, breaks=True)
+        return self._reset_done(indices, results, mask)
+
+    def _reset_call(
+        self, call: VectorCall, seed: object, options: object
+    ) -> tuple[Sequence[int], CallOp, np.ndarray | None]:
+        """Check a reset (``call`` is allowed now, valid arguments); its envs, op and mask."""
+        self._life.check(call)
         seeds = validate.check_seeds(seed, self.num_envs)
         env_options, mask = validate.check_options(options, self.num_envs)
         if mask is None:
@@ -250,8 +266,12 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         else:
             self._life.check(VectorCall.RESET_MASK)
             indices = np.flatnonzero(mask).tolist()
-        op = CallOp([Reset(seeds[i], env_options) for i in indices], "reset")
-        results = await self._run(indices, op, breaks=True)
+        return indices, CallOp([Reset(seeds[i], env_options) for i in indices], "reset"), mask
+
+    def _reset_done(
+        self, indices: Sequence[int], results: MutableMapping[int, Any], mask: np.ndarray | None
+    ) -> tuple[ObsType, dict[str, Any]]:
+        """The batch of a reset whose every env answered; the vector env is ready."""
         self._autoreset.was_reset(mask)
         observations, infos = self._batcher.reset_batch(indices, results)
         self._life.state = State.READY
@@ -271,7 +291,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         per_env = self._batcher.split_actions(actions)
         reset_first = self._autoreset.plan()
         op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions)
-        results = await self._run(self._all, op, breaks=True)
+        return self._stepped(await self._run(self._all, op, breaks=True))
+
+    def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
+        """The batch of a step whose every env answered; the vector env is ready."""
         batch = self._batcher.step_batch(self._all, results)
         self._autoreset.stepped(None, batch[2], batch[3])
         self._life.state = State.READY
@@ -302,19 +325,25 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 "send() starts envs on the running event loop: call it from async code "
                 "(BlockingVectorEnv.send works from anywhere)"
             ) from None
+        self._launch_sent(ids, StepOp(self.autoreset_mode, per_env, reset_first), "send()", loop)
+
+    def _launch_sent(
+        self, ids: Sequence[int], op: Op, call: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Start ``op`` on ``ids`` and return: they are in flight until received."""
         backend = self._backend
         assert backend is not None
         self._in_flight.update(ids)
-        self._life.state = State.SENT
+        self._life.state = State.RESET_SENT if op.name == "reset" else State.SENT
         now = loop.time()
         for i in ids:
             self._sent_at[i] = now
         try:
-            backend.launch(ids, StepOp(self.autoreset_mode, per_env, reset_first))
+            backend.launch(ids, op)
         except BaseException as exc:  # Ctrl-C raised by a sync env: stop everything
             backend.cancel()
             self._in_flight.clear()
-            self._life.break_(f"send() was interrupted ({type(exc).__name__})")
+            self._life.break_(f"{call} was interrupted ({type(exc).__name__})")
             raise
 
     async def recv(
@@ -339,58 +368,85 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.check(VectorCall.RECV)
         wanted = validate.check_min_envs(min_envs, len(self._in_flight))
         wait = validate.check_timeout("timeout", timeout)
-        self._life.state = State.BUSY
-        refusal = ""
-        try:
-            results, errors = await self._collect_sent(wanted, wait)
-            self._check_steps(results, errors)
-            if errors and self._restartable(errors, step=True):
-                refusal = self._charge_restarts(errors)
-                if not refusal:
-                    results.update(await self._restart(errors, "step"))
-                    errors = {}
-        except GeneratorExit:
-            self._abandon_sent("recv() was abandoned unfinished")
-            raise
-        except BaseException as exc:
-            if self._life.state is not State.CLOSED:
-                await self._drain_sent()
-                self._life.break_(f"recv() was interrupted ({type(exc).__name__})")
-            raise
-        finally:
-            if self._unwound is not None:
-                self._unwound.set_result(None)
-                self._unwound = None
-        self._in_flight.difference_update(results)
-        self._in_flight.difference_update(errors)
-        if self._life.state is State.CLOSED:
-            raise ClosedError("the vector env was closed while recv() was waiting")
-        if errors:
-            await self._drain_sent()
-            self._raise_for(errors, "step", State.READY, breaks=True, note=refusal)
+        results = await self._receive("recv()", wanted, wait, strict=False)
         ids = sorted(results)
         batch = self._batcher.subset_batch(ids, results)
         self._autoreset.stepped(ids, batch[2], batch[3])
         self._life.state = State.SENT if self._in_flight else State.READY
         return (*batch, np.array(ids, dtype=np.int64))
 
-    async def _collect_sent(self, wanted: int, wait_s: float | None) -> Outcomes:
-        """Outcomes of sent envs until ``wanted`` arrived, ``wait_s`` passed or all are in."""
+    async def _receive(
+        self, call: str, wanted: int, wait: float | None, *, strict: bool
+    ) -> MutableMapping[int, Any]:
+        """Results of sent envs once ``wanted`` are in (or ``wait`` s passed), or raise.
+
+        ``strict``: ``wanted`` envs or an error; those still out after ``wait``
+        seconds fail with ``TimeoutError`` (and are cancelled, like any failed
+        call's siblings), so the call raises `aiovec.EnvTimeoutError`.
+        """
+        name = PENDING[self._life.state]  # what is in flight: "step" or "reset"
+        self._life.state = State.BUSY
+        refusal = ""
+        try:
+            results, errors = await self._collect_sent(wanted, wait, name)
+            late: set[int] = set()
+            if strict and len(results) + len(errors) < wanted:  # the caller's timeout
+                late = self._in_flight.difference(results, errors)
+                errors.update(
+                    (i, TimeoutError(f"env {i} did not answer {call} within {wait} s"))
+                    for i in late
+                )
+            if name == "step":
+                self._check_steps(results, errors)
+            if errors and not late and self._restartable(errors, step=name == "step"):
+                refusal = self._charge_restarts(errors)
+                if not refusal:
+                    results.update(await self._restart(errors, "step"))
+                    errors = {}
+        except GeneratorExit:
+            self._abandon_sent(f"{call} was abandoned unfinished")
+            raise
+        except BaseException as exc:
+            if self._life.state is not State.CLOSED:
+                await self._drain_sent()
+                self._life.break_(f"{call} was interrupted ({type(exc).__name__})")
+            raise
+        finally:
+            if self._unwound is not None:
+                self._unwound.set_result(None)
+                self._unwound = None
+        if name == "reset":
+            errors.update(self._sent_reset[1])  # why they are still lost
+        self._in_flight.difference_update(results)
+        self._in_flight.difference_update(errors)
+        if self._life.state is State.CLOSED:
+            raise ClosedError(f"the vector env was closed while {call} was waiting")
+        if errors:
+            await self._drain_sent()
+            self._raise_for(errors, name, State.READY, breaks=True, note=refusal)
+        return results
+
+    async def _collect_sent(self, wanted: int, wait_s: float | None, name: str) -> Outcomes:
+        """Outcomes of sent envs until ``wanted`` arrived, ``wait_s`` passed or all are in.
+
+        ``name`` is the call in flight (``"step"``, ``"reset"``): its timeout applies.
+        """
         backend = self._backend
         assert backend is not None
         loop = asyncio.get_running_loop()
         until = None if wait_s is None else loop.time() + wait_s
+        timeout = self._timeout_of(name)
         results, errors = backend.take()
         expired: set[int] = set()
         while len(results) + len(errors) < wanted and backend.pending:
             if self._unwound is None:
                 self._unwound = loop.create_future()
             now = loop.time()
-            late = self._late_envs(backend.pending, now)
+            late = self._late_envs(backend.pending, now, timeout)
             if late:
                 expired.update(late)
                 backend.cancel(late)
-            deadline = self._next_deadline(backend.pending - expired, until)
+            deadline = self._next_deadline(backend.pending - expired, until, timeout)
             if deadline is not None and deadline <= now and not late:
                 break  # the caller's timeout
             wait = None if deadline is None else max(0.0, deadline - now)
@@ -401,20 +457,24 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             errors.update(more_errors)
         for i in expired.intersection(errors):
             if isinstance(errors[i], asyncio.CancelledError):
-                errors[i] = TimeoutError(
-                    f"env {i} did not answer step() within {self.step_timeout} s"
-                )
+                errors[i] = TimeoutError(f"env {i} did not answer {name}() within {timeout} s")
         return results, errors
 
-    def _late_envs(self, pending: set[int], now: float) -> list[int]:
-        if self.step_timeout is None:
-            return []
-        return [i for i in pending if now - self._sent_at[i] >= self.step_timeout]
+    def _timeout_of(self, name: str) -> float | None:
+        """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""
+        return self.reset_timeout if name == "reset" else self.step_timeout
 
-    def _next_deadline(self, pending: set[int], until: float | None) -> float | None:
+    def _late_envs(self, pending: set[int], now: float, timeout: float | None) -> list[int]:
+        if timeout is None:
+            return []
+        return [i for i in pending if now - self._sent_at[i] >= timeout]
+
+    def _next_deadline(
+        self, pending: set[int], until: float | None, timeout: float | None
+    ) -> float | None:
         deadlines = [] if until is None else [until]
-        if self.step_timeout is not None and pending:
-            deadlines.append(min(self._sent_at[i] for i in pending) + self.step_timeout)
+        if timeout is not None and pending:
+            deadlines.append(min(self._sent_at[i] for i in pending) + timeout)
         return min(deadlines, default=None)
 
     async def _drain_sent(self) -> None:
@@ -430,6 +490,47 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         backend.cancel()
         self._in_flight.clear()
         self._life.break_(reason)
+
+    # -- gymnasium's AsyncVectorEnv spellings (BlockingVectorEnv's; one set of rules) --
+
+    def _step_async(self, actions: Any) -> None:
+        """``step_async``: `send` ``actions`` to every env (from code running in the loop)."""
+        self._life.check(VectorCall.STEP_ASYNC)
+        self.send(actions)
+
+    async def _step_wait(
+        self,
+        timeout: float | None,  # noqa: ASYNC109  (gymnasium's; the envs out then are cancelled)
+    ) -> StepBatch:
+        """``step_wait``: every env's step from `_step_async`, batched as `step` batches it."""
+        self._life.check(VectorCall.STEP_WAIT)
+        wait = validate.check_timeout("timeout", timeout)
+        if len(self._in_flight) < self.num_envs:
+            idle = sorted(set(self._all) - self._in_flight)
+            raise StateError(
+                f"cannot call step_wait(): it collects a step of every env, and env(s) {idle} "
+                "are not in flight; recv() the envs sent with send()"
+            )
+        return self._stepped(await self._receive("step_wait()", self.num_envs, wait, strict=True))
+
+    async def _reset_async(self, seed: object, options: object) -> None:
+        """``reset_async``: start a reset (see `reset`) and return; `_reset_wait` collects it."""
+        indices, op, mask = self._reset_call(VectorCall.RESET_ASYNC, seed, options)
+        unbuilt = await self._rebuild_lost(indices, op)
+        self._sent_reset = mask, unbuilt
+        self._launch_sent(indices, op, "reset_async()", asyncio.get_running_loop())
+
+    async def _reset_wait(
+        self,
+        timeout: float | None,  # noqa: ASYNC109  (gymnasium's; the envs out then are cancelled)
+    ) -> tuple[ObsType, dict[str, Any]]:
+        """``reset_wait``: the reset started by `_reset_async`, as `reset` returns it."""
+        self._life.check(VectorCall.RESET_WAIT)
+        wait = validate.check_timeout("timeout", timeout)
+        mask = self._sent_reset[0]
+        indices = sorted(self._in_flight)
+        results = await self._receive("reset_wait()", len(indices), wait, strict=True)
+        return self._reset_done(indices, results, mask)
 
     def latency_stats(self) -> LatencyStats:
         """Latency of each env's recent calls that waited (which server is slow?).
@@ -565,9 +666,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """
         backend = self._backend
         assert backend is not None
-        unbuilt: dict[int, BaseException] = {}
-        if op.name == "reset" and not backend.lost.isdisjoint(indices):
-            unbuilt = await backend.rebuild(sorted(backend.lost.intersection(indices)))
+        unbuilt = await self._rebuild_lost(indices, op)
         backend.launch(indices, op)
         if not backend.pending:
             results, errors = backend.take()
@@ -575,7 +674,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             return results, errors
         if self._unwound is None:
             self._unwound = asyncio.get_running_loop().create_future()
-        timeout = self.reset_timeout if op.name == "reset" else self.step_timeout
+        timeout = self._timeout_of(op.name)
         results, errors = await backend.collect(len(indices), timeout)
         if backend.pending and self._life.state is not State.CLOSED:  # out of time
             late = set(backend.pending)
@@ -589,6 +688,16 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 )
         errors.update(unbuilt)
         return results, errors
+
+    async def _rebuild_lost(
+        self, indices: Sequence[int], op: Op
+    ) -> dict[int, BaseException]:
+        """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
+        backend = self._backend
+        assert backend is not None
+        if op.name != "reset" or backend.lost.isdisjoint(indices):
+            return {}
+        return await backend.rebuild(sorted(backend.lost.intersection(indices)))
 
     def _check_steps(self, results: MutableMapping[int, Any], errors: dict[int, Any]) -> None:
         """Fail the envs whose step result is malformed (it would spoil the whole batch).

@@ -222,6 +222,26 @@ class BlockingFrontEnd:
             self.venv.close()
 
 
+class SplitFrontEnd(BlockingFrontEnd):
+    """A ``BlockingVectorEnv`` driven through gymnasium's ``AsyncVectorEnv`` spellings.
+
+    ``reset`` is ``reset_async`` + ``reset_wait`` and ``step`` is ``step_async``
+    + ``step_wait``: run through the scenario suite, they must give exactly
+    what ``reset`` and ``step`` give.  Not in :data:`FRONT_ENDS` (the whole
+    suite a third time is too slow); tests pick it with ``front_end="split"``.
+    """
+
+    front_end = "split"
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.venv.reset_async(**kwargs)
+        return self.venv.reset_wait()
+
+    def step(self, actions: Any) -> Any:
+        self.venv.step_async(actions)
+        return self.venv.step_wait()
+
+
 FrontEnd = AwaitFrontEnd | BlockingFrontEnd
 
 
@@ -234,7 +254,7 @@ def open_front_end(
     **kwargs: Any,
 ) -> FrontEnd:
     """Build aiovec through ``front_end`` over ``env_fns`` in the given flavour."""
-    cls = {"await": AwaitFrontEnd, "blocking": BlockingFrontEnd}[front_end]
+    cls = {"await": AwaitFrontEnd, "blocking": BlockingFrontEnd, "split": SplitFrontEnd}[front_end]
     if backend == "ray":  # one actor per raylet of the test cluster (each costs a process)
         kwargs.setdefault("num_workers", 2)
         if RAY_ACTORS:  # actors of the closed vector envs host the next ones' envs
@@ -677,6 +697,7 @@ __all__ = [
     "AwaitFrontEnd",
     "BlockingFrontEnd",
     "Lockstep",
+    "SplitFrontEnd",
     "assert_infos_equal",
     "assert_results_equal",
     "assert_same",

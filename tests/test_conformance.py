@@ -45,6 +45,26 @@ def test_episodes_match_oracle(make_lockstep, space, mode):
     assert ends > 0, "the scenario must include episode ends"
 
 
+@pytest.mark.parametrize("front_end", ["split"])
+@pytest.mark.parametrize("space", ["box-discrete", "dict-tuple", "image-box"])
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+def test_async_spellings_match_oracle(make_lockstep, space, mode):
+    """step_async/step_wait and reset_async/reset_wait give exactly what step and reset give.
+
+    The ``split`` front end (conftest.py) is a ``BlockingVectorEnv`` whose every
+    reset and step goes through gymnasium's ``AsyncVectorEnv`` spellings; in
+    ``DISABLED`` mode its masked resets do too.
+    """
+    fns = space_env_fns(NUM_ENVS, space, min_len=1, max_len=4)
+    lock = make_lockstep(fns, autoreset_mode=mode, action_seed=13)
+    assert_spaces_equal(lock.venv, lock.oracle)
+    lock.reset(seed=123)
+    ends = drive(lock, 10, mode)
+    lock.reset(seed=[5, 900, 31], options={"length": 2})
+    ends += drive(lock, 6, mode, reset_seed=[None, 2, None])
+    assert ends > 0, "the scenario must include episode ends"
+
+
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
 def test_autoreset_mode_given_as_string(make_lockstep, mode):
     fns = space_env_fns(NUM_ENVS, "dict-tuple", min_len=1, max_len=3)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from aiovec import ClosedError, StateError
+from aiovec import AlreadyPendingCallError, ClosedError, NoAsyncCallError, StateError
 from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, copy_batch
@@ -161,6 +162,88 @@ LIFECYCLE_TABLE = [
 ]
 
 
+def _no_call(name: str) -> tuple[type[StateError], str, str]:
+    """gymnasium's NoAsyncCallError for ``{name}_wait``: its class, message start, ``.name``."""
+    text = f"Calling `{name}_wait` without any prior call to `{name}_async`."
+    return NoAsyncCallError, re.escape(text), name
+
+
+def _pending(call: str, name: str) -> tuple[type[StateError], str, str]:
+    """gymnasium's AlreadyPendingCallError for ``call`` while ``name`` is pending."""
+    text = f"Calling `{call}` while waiting for a pending call to `{name}` to complete"
+    return AlreadyPendingCallError, re.escape(text), name
+
+
+# gymnasium's AsyncVectorEnv spellings: (state, op, (error class, message regex, .name) or None)
+ASYNC_SPELLINGS_TABLE = [
+    (State.NEEDS_RESET, VectorCall.RESET_ASYNC, None),
+    (State.BROKEN, VectorCall.RESET_ASYNC, None),
+    (State.READY, VectorCall.STEP_ASYNC, None),
+    (State.READY, VectorCall.RESET_ASYNC, None),
+    (State.SENT, VectorCall.STEP_WAIT, None),
+    (State.RESET_SENT, VectorCall.RESET_WAIT, None),
+    (
+        State.NEEDS_RESET,
+        VectorCall.STEP_ASYNC,
+        (StateError, r"cannot call step_async\(\): .*reset", ""),
+    ),
+    (
+        State.BROKEN,
+        VectorCall.STEP_ASYNC,
+        (StateError, r"cannot call step_async\(\): why; only", ""),
+    ),
+    (State.READY, VectorCall.STEP_WAIT, _no_call("step")),
+    (State.READY, VectorCall.RESET_WAIT, _no_call("reset")),
+    (State.NEEDS_RESET, VectorCall.RESET_WAIT, _no_call("reset")),
+    (State.SENT, VectorCall.RESET_WAIT, _no_call("reset")),
+    (State.RESET_SENT, VectorCall.STEP_WAIT, _no_call("step")),
+    (State.BROKEN, VectorCall.STEP_WAIT, _no_call("step")),
+    (State.SENT, VectorCall.STEP_ASYNC, _pending("step_async", "step")),
+    (State.SENT, VectorCall.RESET_ASYNC, _pending("reset_async", "step")),
+    (State.RESET_SENT, VectorCall.STEP_ASYNC, _pending("step_async", "reset")),
+    (State.RESET_SENT, VectorCall.RESET_ASYNC, _pending("reset_async", "reset")),
+    (
+        State.RESET_SENT,
+        VectorCall.SEND,
+        (StateError, r"cannot call send\(\): a reset is in flight", ""),
+    ),
+    (
+        State.RESET_SENT,
+        VectorCall.RECV,
+        (StateError, r"cannot call recv\(\): .*reset_wait\(\)", ""),
+    ),
+    (
+        State.RESET_SENT,
+        VectorCall.STEP,
+        (StateError, r"cannot call step\(\): .*reset_wait\(\)", ""),
+    ),
+    (State.BUSY, VectorCall.STEP_WAIT, (StateError, "cannot call step_wait.*in flight", "")),
+    (State.BUSY, VectorCall.STEP_ASYNC, (StateError, "cannot call step_async.*in flight", "")),
+]
+
+
+@pytest.mark.parametrize(("state", "op", "refusal"), ASYNC_SPELLINGS_TABLE)
+def test_lifecycle_table_of_gymnasiums_async_spellings(state, op, refusal):
+    life = Lifecycle()
+    life.state, life.broken_because = state, "why"
+    if refusal is None:
+        life.check(op)
+        return
+    error, pattern, name = refusal
+    with pytest.raises(StateError, match=f"^{pattern}") as caught:
+        life.check(op)
+    assert type(caught.value) is error
+    if name:  # gymnasium's errors: .name is the call waited for, or the one pending
+        assert caught.value.name == name
+
+
+def test_no_async_call_error_says_why_nothing_is_pending():
+    life = Lifecycle()
+    life.break_("step_wait() failed in env 1")
+    with pytest.raises(NoAsyncCallError, match=r"Nothing is pending.*BROKEN: step_wait\(\) failed"):
+        life.check(VectorCall.STEP_WAIT)
+
+
 @pytest.mark.parametrize(("state", "op", "error"), LIFECYCLE_TABLE)
 def test_lifecycle_table(state, op, error):
     life = Lifecycle()
@@ -223,6 +306,35 @@ def test_seeds(seed, n, expected):
 def test_bad_seeds(seed, error, match):
     with pytest.raises(error, match=match):
         validate.check_seeds(seed, 3)
+
+
+def test_a_reset_mask_of_all_true_is_a_full_reset():
+    rest, mask = validate.check_options({"reset_mask": np.ones(3, bool), "level": 1}, 3)
+    assert (rest, mask) == ({"level": 1}, None)
+
+
+MASK_MUST = "`options['reset_mask']` must"
+
+
+@pytest.mark.parametrize(
+    ("mask", "error", "message"),
+    [  # gymnasium's own messages, which its tests pin
+        ([True] * 3, TypeError, "be a numpy array, got <class 'list'>"),
+        (np.array([True]), ValueError, "have shape `(3,)`, got (1,)"),
+        (np.ones((1, 3), bool), ValueError, "have shape `(3,)`, got (1, 3)"),
+        (np.array([1, 1, 0]), TypeError, "have `dtype=np.bool_`, got int64"),
+        (
+            np.zeros(3, bool),
+            ValueError,
+            "contain a boolean array with at least one True value, "
+            "got reset_mask=[False False False]",
+        ),
+    ],
+)
+def test_reset_mask_errors_are_gymnasiums(mask, error, message):
+    with pytest.raises(error) as caught:
+        validate.check_options({"reset_mask": mask}, 3)
+    assert str(caught.value) == f"{MASK_MUST} {message}"
 
 
 def test_options_never_modify_the_callers_dict():

@@ -219,3 +219,57 @@ async def test_make_default_is_the_await_api():
     async with aiovec.make("CartPole-v1", num_envs=2) as venv:
         assert isinstance(venv, aiovec.AsyncioVectorEnv)
         assert venv.num_envs == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend"),
+    [("sync", "inline"), ("async", "process"), (gymnasium.VectorizeMode.ASYNC, "process")],
+)
+def test_make_takes_make_vecs_arguments_in_its_order(mode, backend):
+    """A gymnasium.make_vec call works as an aiovec.make call: sync -> inline, async -> process."""
+    wrappers = [functools.partial(gymnasium.wrappers.TimeLimit, max_episode_steps=9)]
+    args = ("CartPole-v1", 3, mode, {"autoreset_mode": AutoresetMode.SAME_STEP}, wrappers)
+    envs = aiovec.make(*args, sutton_barto_reward=True)
+    try:
+        assert isinstance(envs, aiovec.BlockingVectorEnv)
+        assert envs.vector_env.backend == backend
+        oracle = gymnasium.make_vec(*args, sutton_barto_reward=True)
+        try:
+            assert_spaces_equal(envs, oracle)
+            _drive_pair(envs, oracle, 30, seed=5)
+        finally:
+            oracle.close()
+    finally:
+        envs.close()
+
+
+def test_make_an_explicit_backend_wins_over_the_mode():
+    with aiovec.make("CartPole-v1", 2, vectorization_mode="async", backend="thread") as envs:
+        assert envs.vector_env.backend == "thread"
+    kwargs = {"backend": "inline", "copy": False}
+    with aiovec.make("CartPole-v1", 2, "async", vector_kwargs=kwargs) as envs:
+        assert (envs.vector_env.backend, envs.copy) == ("inline", False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"vectorization_mode": "vector_entry_point"}, ValueError, "'sync' or 'async'"),
+        ({"vectorization_mode": "threads"}, ValueError, "vectorization_mode must be"),
+        ({"vectorization_mode": "sync", "blocking": False}, ValueError, "blocking=False"),
+        ({"vector_kwargs": {"shared_memory": True}}, TypeError, "shared_memory"),
+        ({"vector_kwargs": [("copy", False)]}, TypeError, "vector_kwargs must be a dict"),
+        ({"vector_kwargs": {"copy": False}, "copy": True}, ValueError, "given both"),
+        ({"vector_kwargs": {"backend": "thread"}, "backend": "inline"}, ValueError, "given both"),
+    ],
+)
+def test_make_refuses_conflicting_arguments_before_building_anything(kwargs, error, match):
+    built = []
+
+    def factory():
+        built.append(1)
+        return gymnasium.make("CartPole-v1")
+
+    with pytest.raises(error, match=match):
+        aiovec.make(factory, 2, **kwargs)
+    assert not built

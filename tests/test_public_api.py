@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import pathlib
 import pickle
 import re
@@ -14,6 +15,7 @@ import pytest
 import aiovec
 
 PUBLIC = {
+    "AlreadyPendingCallError",
     "AsyncEnv",
     "AsyncioVectorEnv",
     "BlockingVectorEnv",
@@ -21,6 +23,7 @@ PUBLIC = {
     "EnvError",
     "EnvTimeoutError",
     "LatencyStats",
+    "NoAsyncCallError",
     "RestartPolicy",
     "StateError",
     "WorkerDiedError",
@@ -49,6 +52,19 @@ def test_exception_tree():
     assert issubclass(aiovec.StateError, ValueError)
     assert issubclass(aiovec.ClosedError, aiovec.StateError)
     assert issubclass(aiovec.ClosedError, gymnasium.error.ClosedEnvironmentError)
+    # gymnasium.vector.AsyncVectorEnv's errors, so that code written for it catches aiovec's
+    assert issubclass(aiovec.EnvTimeoutError, multiprocessing.TimeoutError)
+    for name in ("NoAsyncCallError", "AlreadyPendingCallError"):
+        assert issubclass(getattr(aiovec, name), aiovec.StateError)
+        assert issubclass(getattr(aiovec, name), getattr(gymnasium.error, name))
+
+
+@pytest.mark.parametrize("cls", [aiovec.NoAsyncCallError, aiovec.AlreadyPendingCallError])
+def test_gymnasium_state_errors_keep_their_name_and_pickle(cls):
+    error = cls("Calling `step_wait` without any prior call to `step_async`.", "step")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert (str(copy), copy.name) == (str(error), "step")
 
 
 @pytest.mark.parametrize("cls", [aiovec.EnvError, aiovec.EnvTimeoutError, aiovec.WorkerDiedError])

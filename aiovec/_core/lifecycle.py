@@ -6,19 +6,26 @@
          |                   ^  |            |
          |                   |  +--send--> SENT --recv (BUSY while waiting)--> SENT/READY
          |                   +----reset------+--fails/cancelled--> BROKEN
+         +--reset_async--> RESET_SENT --reset_wait (BUSY while waiting)--> READY
          +--------------------------------------- close ---------> CLOSED
 
 Every state allows ``close()``; ``BROKEN`` allows only a full ``reset()`` and
 ``close()``.  The table below is the one place that says so.
+
+gymnasium's ``AsyncVectorEnv`` spellings (the blocking front end's) are ops of
+the same table: ``step_async()`` is a ``send()`` of every env, ``step_wait()`` a
+``recv()`` of every env; ``reset_async()`` sends a reset (``RESET_SENT``) that
+only ``reset_wait()`` collects.  Refusing them raises gymnasium's errors
+(``NoAsyncCallError``, ``AlreadyPendingCallError``) with gymnasium's messages.
 """
 
 from __future__ import annotations
 
 import enum
 
-from aiovec._errors import ClosedError, StateError
+from aiovec._errors import AlreadyPendingCallError, ClosedError, NoAsyncCallError, StateError
 
-__all__ = ("Lifecycle", "State", "VectorCall")
+__all__ = ("PENDING", "Lifecycle", "State", "VectorCall")
 
 
 class State(enum.Enum):
@@ -31,6 +38,7 @@ class State(enum.Enum):
     NEEDS_RESET = "needs a first reset"
     READY = "ready"
     SENT = "sent"
+    RESET_SENT = "reset sent"
     BUSY = "busy"
     BROKEN = "broken"
     CLOSED = "closed"
@@ -49,22 +57,35 @@ class VectorCall(enum.Enum):
     SEND = "send()"
     RECV = "recv()"
     INSPECT = "render()/call()/get_attr()/set_attr()"
+    STEP_ASYNC = "step_async()"
+    STEP_WAIT = "step_wait()"
+    RESET_ASYNC = "reset_async()"
+    RESET_WAIT = "reset_wait()"
 
 
 _ALL = frozenset(VectorCall)
 _ALLOWED: dict[State, frozenset[VectorCall]] = {
-    State.NEEDS_RESET: frozenset({VectorCall.RESET, VectorCall.INSPECT}),
-    State.READY: _ALL - {VectorCall.RECV},
-    State.SENT: frozenset({VectorCall.SEND, VectorCall.RECV}),
+    State.NEEDS_RESET: frozenset({VectorCall.RESET, VectorCall.RESET_ASYNC, VectorCall.INSPECT}),
+    State.READY: _ALL - {VectorCall.RECV, VectorCall.STEP_WAIT, VectorCall.RESET_WAIT},
+    State.SENT: frozenset({VectorCall.SEND, VectorCall.RECV, VectorCall.STEP_WAIT}),
+    State.RESET_SENT: frozenset({VectorCall.RESET_WAIT}),
     State.BUSY: frozenset(),
-    State.BROKEN: frozenset({VectorCall.RESET}),
+    State.BROKEN: frozenset({VectorCall.RESET, VectorCall.RESET_ASYNC}),
     State.CLOSED: frozenset(),
 }
+
+PENDING: dict[State, str] = {State.SENT: "step", State.RESET_SENT: "reset"}
+"""The call a state waits to be collected, in gymnasium's words (``AsyncState``)."""
+
+_WAITS_FOR = {VectorCall.STEP_WAIT: "step", VectorCall.RESET_WAIT: "reset"}
+_STARTS = frozenset({VectorCall.STEP_ASYNC, VectorCall.RESET_ASYNC})
+_COLLECT = {"step": "step_wait() or recv()", "reset": "reset_wait()"}
 
 _WHY: dict[State, str] = {
     State.NEEDS_RESET: "the vector env has not been reset yet; call reset() first",
     State.READY: "no env is in flight; call send() before recv()",
     State.SENT: "some envs are in flight from send(); recv() them first (or close())",
+    State.RESET_SENT: "a reset is in flight from reset_async(); reset_wait() for it first",
     State.BUSY: (
         "another call is in flight on this vector env (calls on one vector env must not "
         "overlap; await the first one, or use send()/recv() for partial stepping)"
@@ -83,19 +104,36 @@ class Lifecycle:
         self.state = State.NEEDS_RESET
         self.broken_because = ""
 
-    def check(self, call: VectorCall) -> None:
-        """Raise ``StateError`` (``ClosedError`` once closed) unless ``call`` is allowed now."""
+    def check(self, op: VectorCall) -> None:
+        """Raise ``StateError`` (``ClosedError`` once closed) unless ``op`` is allowed now."""
         state = self.state
-        if call in _ALLOWED[state]:
+        if op in _ALLOWED[state]:
             return
         if state is State.CLOSED:
-            raise ClosedError(f"cannot call {call.value}: {_WHY[state]}")
+            raise ClosedError(f"cannot call {op.value}: {_WHY[state]}")
+        if op in _WAITS_FOR and state is not State.BUSY:
+            name = _WAITS_FOR[op]
+            raise NoAsyncCallError(
+                f"Calling `{name}_wait` without any prior call to `{name}_async`. "
+                f"Nothing is pending (state {state.name}{self._because()}).",
+                name,
+            )
+        if op in _STARTS and state in PENDING:
+            name = PENDING[state]
+            raise AlreadyPendingCallError(
+                f"Calling `{op.value[:-2]}` while waiting for a pending call to `{name}` to "
+                f"complete; collect it first with {_COLLECT[name]} (or close())",
+                name,
+            )
         if state is State.BROKEN:
             raise StateError(
-                f"cannot call {call.value}: {self.broken_because}; only a full reset() "
+                f"cannot call {op.value}: {self.broken_because}; only a full reset() "
                 "(without reset_mask) or close() is allowed now"
             )
-        raise StateError(f"cannot call {call.value}: {_WHY[state]}")
+        raise StateError(f"cannot call {op.value}: {_WHY[state]}")
+
+    def _because(self) -> str:
+        return f": {self.broken_because}" if self.state is State.BROKEN else ""
 
     def break_(self, reason: str) -> None:
         """Enter ``BROKEN``: a call failed or was cancelled half-way."""

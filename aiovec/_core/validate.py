@@ -222,6 +222,10 @@ def check_options(
 ) -> tuple[dict[str, Any] | None, np.ndarray | None]:
     """``options``: ``None`` or a dict; ``reset_mask`` is taken out and checked.
 
+    A mask's errors are gymnasium's, word for word (its tests pin them).  A
+    mask of all True is a full reset, as in gymnasium: it is allowed where a
+    full reset is (before the first reset, after a failure).
+
     Returns:
         The options to pass to each env (the caller's dict is never modified)
         and the reset mask, or ``None`` when every env is reset.
@@ -234,19 +238,20 @@ def check_options(
         return dict(options), None
     mask = options["reset_mask"]
     if not isinstance(mask, np.ndarray):
-        raise TypeError(
-            f"options['reset_mask'] must be a numpy array of bools, got {describe(mask)}"
-        )
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
     if mask.shape != (num_envs,):
         raise ValueError(
-            f"options['reset_mask'] must have shape ({num_envs},), got shape {mask.shape}"
+            f"`options['reset_mask']` must have shape `({num_envs},)`, got {mask.shape}"
         )
     if mask.dtype != np.bool_:
-        raise TypeError(f"options['reset_mask'] must have dtype bool, got dtype {mask.dtype}")
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
     if not mask.any():
-        raise ValueError("options['reset_mask'] must select at least one env, got all False")
+        raise ValueError(
+            "`options['reset_mask']` must contain a boolean array with at least one True "
+            f"value, got reset_mask={mask}"
+        )
     rest = {k: v for k, v in options.items() if k != "reset_mask"}
-    return rest, mask.copy()
+    return rest, None if mask.all() else mask.copy()
 
 
 def check_env_ids(env_ids: object, num_envs: int) -> list[int]:
@@ -347,11 +352,12 @@ def action_checker(
     def check(actions: object) -> None:
         array = np.asarray(actions)
         if array.shape != expected:
-            got = array.shape if array.ndim else "a scalar"
+            if not array.ndim:  # one action for the whole batch: the wrong type, as gymnasium
+                raise TypeError(f"{path} must be a batch of shape {expected}, got a scalar")
             hint = ""
-            if array.ndim and array.shape[0] != num_envs:
+            if array.shape[0] != num_envs:
                 hint = f" (one action per env: num_envs={num_envs})"
-            raise ValueError(f"{path} must have shape {expected}{hint}, got {got}")
+            raise ValueError(f"{path} must have shape {expected}{hint}, got {array.shape}")
         if array.dtype.kind not in allowed:
             raise TypeError(
                 f"{path} for a {type(space).__name__} action space must hold {words}, "

@@ -28,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import asyncio.tasks as _asyncio_tasks
 import contextvars
+import inspect
 import types
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import Any, cast
 
 _Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
 # The same hooks asyncio's own eager tasks use; absent on other interpreters.
@@ -104,8 +105,23 @@ class Lanes:
     def cancel(self, i: int) -> None:
         """Cancel env ``i``'s call in flight (its ``on_done`` reports the cancellation)."""
         task = self._tasks[i]
-        if task is not None:
-            task.cancel()
+        if task is None:
+            return
+        wake = self._wakes[i]
+        if (
+            inspect.getcoroutinestate(cast(Coroutine[Any, Any, None], task.get_coro()))
+            == inspect.CORO_CREATED
+            and wake is not None
+            and wake.done()
+            and hasattr(wake.result()[1], "cancel")
+        ):
+            # Handed a call, but not started yet (no loop iteration ran since): a task
+            # cancelled before its first step never runs its body, and the call would
+            # never unwind nor be reported.  Cancel what the call waits on instead, as
+            # Task.cancel() does: the lane starts, resumes it, and it sees the cancellation.
+            wake.result()[1].cancel()
+            return
+        task.cancel()
 
     async def aclose(self) -> None:
         """Cancel every lane and wait until each has ended."""
