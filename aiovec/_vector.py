@@ -689,9 +689,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         errors.update(unbuilt)
         return results, errors
 
-    async def _rebuild_lost(
-        self, indices: Sequence[int], op: Op
-    ) -> dict[int, BaseException]:
+    async def _rebuild_lost(self, indices: Sequence[int], op: Op) -> dict[int, BaseException]:
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
         backend = self._backend
         assert backend is not None
