@@ -19,22 +19,26 @@ async def limited(
     limiter: anyio.CapacityLimiter,
     token: object,
     coro: Coroutine[Any, Any, Any],
-    started: Callable[[], None],
+    queue: Callable[[bool], None],
 ) -> Any:
     """Await ``coro`` holding one of ``limiter``'s tokens (borrowed as ``token``).
 
-    ``started`` is called once the token is held after waiting for it, so that
-    the time spent queued is not counted as the env's latency.
+    When no token is free, ``queue(True)`` is called before waiting for one
+    and ``queue(False)`` once the wait is over (the token is held, or the wait
+    was cancelled), so that neither the env's deadline nor its latency counts
+    the time spent queued.
     """
     try:
         limiter.acquire_on_behalf_of_nowait(token)
     except anyio.WouldBlock:
+        queue(True)
         try:
             await limiter.acquire_on_behalf_of(token)
         except BaseException:
             coro.close()  # never started: close it rather than leak it
             raise
-        started()
+        finally:
+            queue(False)
     try:
         return await coro
     finally:
