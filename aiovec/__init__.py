@@ -8,6 +8,7 @@ Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.latency import LatencyStats
+from aiovec._core.lifecycle import State
 from aiovec._core.restart import RestartPolicy
 from aiovec._env import AsyncEnv
 from aiovec._errors import (
@@ -35,6 +36,7 @@ __all__ = (
     "LatencyStats",
     "NoAsyncCallError",
     "RestartPolicy",
+    "State",
     "StateError",
     "WorkerDiedError",
     "__version__",

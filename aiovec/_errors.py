@@ -18,7 +18,9 @@ The tree::
 
 Bad arguments raise the built-in ``ValueError`` / ``TypeError`` with a message
 naming the argument, what was expected and what came.  All exceptions here
-pickle, so they cross process boundaries unchanged.
+pickle, so they cross process boundaries unchanged.  An env's exception is
+shown as Python's traceback shows it (``TypeError: bad thing``), never as its
+``repr()``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ __all__ = (
     "StateError",
     "WorkerDiedError",
 )
+
+
+def describe_error(error: BaseException) -> str:
+    """``error`` as the last line of a traceback shows it: ``TypeError: bad thing``."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class EnvError(Exception):
@@ -62,7 +70,7 @@ class EnvError(Exception):
 
     def _describe(self) -> str:
         first = self.errors[self.env_index]
-        text = f"env {self.env_index} failed in {self.operation}: {first!r}"
+        text = f"env {self.env_index} failed in {self.operation}: {describe_error(first)}"
         others = [i for i in self.errors if i != self.env_index]
         if others:
             shown = ", ".join(map(str, others[:10])) + (", ..." if len(others) > 10 else "")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from types import TracebackType
@@ -44,12 +45,21 @@ from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, Reset, SetAttr
+from aiovec._core.deadlines import overdue
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import PENDING, Lifecycle, State, VectorCall
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
 from aiovec._core.rows import Rows
-from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, StateError, WorkerDiedError
+from aiovec._errors import (
+    ClosedError,
+    EnvError,
+    EnvTimeoutError,
+    StateError,
+    WorkerDiedError,
+    describe_error,
+)
+from aiovec._log import logger
 from aiovec.backends import Backend, load_backend
 from aiovec.backends._base import Outcomes
 
@@ -81,9 +91,11 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             CPU of the cluster).
         autoreset_mode: gymnasium's ``AutoresetMode`` (or its string value).
         step_timeout: Seconds an env may take to answer a step (and render,
-            call, ...); ``None`` waits forever.  A late env fails with
-            `aiovec.EnvTimeoutError`; its call is cancelled (inline) or
-            abandoned (thread) and can never deliver stale data.
+            call, ...); ``None`` waits forever.  Each env's time counts from
+            its own start: under ``max_concurrency``, waiting for a slot does
+            not count.  A late env fails with `aiovec.EnvTimeoutError`; its
+            call is cancelled (inline) or abandoned (thread) and can never
+            deliver stale data.
         on_error: ``"raise"``: a failing env raises `aiovec.EnvError`.
             ``"restart"`` (or a `aiovec.RestartPolicy`): a failed env is
             closed, rebuilt from its factory and reset; its row is the reset
@@ -92,7 +104,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         copy: ``False`` lets returned observation arrays be a buffer that the
             next call overwrites (saves a copy per call).
         reset_timeout: Seconds an env may take to reset (connecting often
-            takes longer than a step); ``None`` means ``step_timeout``.
+            takes longer than a step), from its own start as for
+            ``step_timeout``; ``None`` means ``step_timeout``.
         max_concurrency: At most this many env calls in flight at once
             (``None``: no limit), so many envs do not flood one server.  An
             ``anyio.CapacityLimiter`` may be passed instead of an int and shared
@@ -182,7 +195,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._in_flight: set[int] = set()  # envs started by send(), not yet recv()ed
         self._sent_reset: tuple[np.ndarray | None, dict[int, BaseException]] = (None, {})
         """The mask of the reset in flight (RESET_SENT) and the lost envs it could not rebuild."""
-        self._sent_at = [0.0] * self.num_envs
+        self._sent_at = [0.0] * self.num_envs  # when send() launched each env (perf_counter)
         self._restarts = RestartBook(self.restart_policy or RestartPolicy(), self.num_envs)
         self._all = range(self.num_envs)
 
@@ -215,7 +228,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     @property
     def state(self) -> State:
-        """The lifecycle state (``READY``, ``BUSY``, ``BROKEN``, ...)."""
+        """The lifecycle state, an `aiovec.State` (``READY``, ``BUSY``, ``BROKEN``, ...)."""
         return self._life.state
 
     @property
@@ -319,23 +332,21 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         per_env = self._batcher.split_actions(actions, len(ids))
         reset_first = self._autoreset.plan(ids)
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             raise RuntimeError(
                 "send() starts envs on the running event loop: call it from async code "
                 "(BlockingVectorEnv.send works from anywhere)"
             ) from None
-        self._launch_sent(ids, StepOp(self.autoreset_mode, per_env, reset_first), "send()", loop)
+        self._launch_sent(ids, StepOp(self.autoreset_mode, per_env, reset_first), "send()")
 
-    def _launch_sent(
-        self, ids: Sequence[int], op: Op, call: str, loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def _launch_sent(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""
         backend = self._backend
         assert backend is not None
         self._in_flight.update(ids)
         self._life.state = State.RESET_SENT if op.name == "reset" else State.SENT
-        now = loop.time()
+        now = time.perf_counter()
         for i in ids:
             self._sent_at[i] = now
         try:
@@ -433,49 +444,72 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """
         backend = self._backend
         assert backend is not None
-        loop = asyncio.get_running_loop()
-        until = None if wait_s is None else loop.time() + wait_s
-        timeout = self._timeout_of(name)
+        if self._unwound is None:
+            self._unwound = asyncio.get_running_loop().create_future()
+        until = None if wait_s is None else time.perf_counter() + wait_s
+        launched = self._sent_at.__getitem__
+        return await self._collect(wanted, self._timeout_of(name), name, launched, until)
+
+    async def _collect(
+        self,
+        wanted: int,
+        timeout: float | None,  # noqa: ASYNC109  (each env's own deadline, not this call's)
+        name: str,
+        launched: Callable[[int], float],
+        until: float | None = None,
+    ) -> Outcomes:
+        """Collect until ``wanted`` envs are in, none is in flight, or ``until`` passed.
+
+        An env still running ``timeout`` seconds after its own start (see
+        `_core.deadlines`) is cancelled and fails with ``TimeoutError``; its
+        start is never before ``launched(i)``, when its call was launched.
+        Times are on the ``time.perf_counter`` clock.
+        """
+        backend = self._backend
+        assert backend is not None
         results, errors = backend.take()
         expired: set[int] = set()
         while len(results) + len(errors) < wanted and backend.pending:
-            if self._unwound is None:
-                self._unwound = loop.create_future()
-            now = loop.time()
-            late = self._late_envs(backend.pending, now, timeout)
-            if late:
-                expired.update(late)
-                backend.cancel(late)
-            deadline = self._next_deadline(backend.pending - expired, until, timeout)
-            if deadline is not None and deadline <= now and not late:
-                break  # the caller's timeout
-            wait = None if deadline is None else max(0.0, deadline - now)
+            now = time.perf_counter()
+            wait: float | None = None
+            if timeout is not None:
+                starts = (
+                    (i, _not_before(backend.started_at(i), launched(i)))
+                    for i in backend.pending - expired
+                )
+                late, wait = overdue(starts, timeout, now)
+                if late:
+                    expired.update(late)
+                    backend.cancel(late)
+                    continue  # collect what the cancellation delivered at once
+            if until is not None:
+                if until <= now:
+                    break  # the caller's timeout
+                wait = until - now if wait is None else min(wait, until - now)
             more_results, more_errors = await backend.collect(
                 wanted - len(results) - len(errors), wait
             )
+            if not results and not errors:
+                results, errors = more_results, more_errors  # keep the backend's own mapping
+            else:
+                results.update(more_results)
+                errors.update(more_errors)
+        if expired:  # the outcomes their cancellation delivered
+            more_results, more_errors = backend.take()
             results.update(more_results)
             errors.update(more_errors)
-        for i in expired.intersection(errors):
-            if isinstance(errors[i], asyncio.CancelledError):
-                errors[i] = TimeoutError(f"env {i} did not answer {name}() within {timeout} s")
+        timed_out = sorted(i for i in expired.intersection(errors) if _cancelled(errors[i]))
+        for i in timed_out:
+            errors[i] = TimeoutError(f"env {i} did not answer {name}() within {timeout} s")
+        if timed_out:
+            logger.warning(
+                "%s did not answer %s() within %s s; cancelled", _envs(timed_out), name, timeout
+            )
         return results, errors
 
     def _timeout_of(self, name: str) -> float | None:
         """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""
         return self.reset_timeout if name == "reset" else self.step_timeout
-
-    def _late_envs(self, pending: set[int], now: float, timeout: float | None) -> list[int]:
-        if timeout is None:
-            return []
-        return [i for i in pending if now - self._sent_at[i] >= timeout]
-
-    def _next_deadline(
-        self, pending: set[int], until: float | None, timeout: float | None
-    ) -> float | None:
-        deadlines = [] if until is None else [until]
-        if timeout is not None and pending:
-            deadlines.append(min(self._sent_at[i] for i in pending) + timeout)
-        return min(deadlines, default=None)
 
     async def _drain_sent(self) -> None:
         """Cancel (and wait for) every env still in flight from send()."""
@@ -518,7 +552,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         indices, op, mask = self._reset_call(VectorCall.RESET_ASYNC, seed, options)
         unbuilt = await self._rebuild_lost(indices, op)
         self._sent_reset = mask, unbuilt
-        self._launch_sent(indices, op, "reset_async()", asyncio.get_running_loop())
+        self._launch_sent(indices, op, "reset_async()")
 
     async def _reset_wait(
         self,
@@ -667,6 +701,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         backend = self._backend
         assert backend is not None
         unbuilt = await self._rebuild_lost(indices, op)
+        timeout = self._timeout_of(op.name)
+        since = 0.0 if timeout is None else time.perf_counter()
         backend.launch(indices, op)
         if not backend.pending:
             results, errors = backend.take()
@@ -674,18 +710,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             return results, errors
         if self._unwound is None:
             self._unwound = asyncio.get_running_loop().create_future()
-        timeout = self._timeout_of(op.name)
-        results, errors = await backend.collect(len(indices), timeout)
-        if backend.pending and self._life.state is not State.CLOSED:  # out of time
-            late = set(backend.pending)
-            more_results, more_errors = await backend.drain()
-            results.update(more_results)
-            for i, error in more_errors.items():
-                errors[i] = (
-                    TimeoutError(f"env {i} did not answer {op.name}() within {timeout} s")
-                    if i in late and isinstance(error, asyncio.CancelledError)
-                    else error
-                )
+        if timeout is None:
+            results, errors = await backend.collect(len(indices))
+        else:
+            results, errors = await self._collect(len(indices), timeout, op.name, lambda i: since)
         errors.update(unbuilt)
         return results, errors
 
@@ -711,16 +739,37 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             errors[i] = error
 
     async def _restart(self, failed: dict[int, BaseException], name: str) -> dict[int, Any]:
-        """Rebuild and reset the failed envs; their rows, or EnvError if the policy gives up."""
+        """Rebuild and reset the failed envs; their rows, or EnvError if the policy gives up.
+
+        The envs are tried together, with `RestartPolicy.wait_before` between
+        tries; its downtime counts from here (the failure has just been seen).
+        """
         backend, policy = self._backend, self.restart_policy
         assert backend is not None
         assert policy is not None
         messages = {i: describe_failure(error, f"{name}()") for i, error in failed.items()}
+        causes: dict[str, list[int]] = {}  # envs that failed alike share a line
+        for i, error in sorted(failed.items()):
+            causes.setdefault(describe_error(error), []).append(i)
+        for cause, envs in causes.items():
+            logger.warning("%s failed in %s(): %s; restarting", _envs(envs), name, cause)
         rows: dict[int, Any] = {}
         todo: dict[int, BaseException] = dict(failed)
-        for delay in policy.delays():
+        since = time.perf_counter()
+        tried = 0
+        while (delay := policy.wait_before(tried, time.perf_counter() - since)) is not None:
+            if tried:
+                logger.warning(
+                    "%s: restart attempt %d failed (%s); attempt %d in %.3g s",
+                    _envs(sorted(todo)),
+                    tried,
+                    describe_error(todo[min(todo)]),
+                    tried + 1,
+                    delay,
+                )
             if delay:
                 await asyncio.sleep(delay)
+            tried += 1
             todo = await backend.rebuild(sorted(todo)) or {}
             rebuilt = [i for i in failed if i not in rows and i not in todo]
             reset_op = CallOp([Reset()] * len(rebuilt), "reset")
@@ -729,7 +778,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             todo.update(reset_errors)
             if not todo:
                 return rows
-        raise EnvError(todo, f"{name}() (restart failed after {policy.attempts} attempts)")
+        down = time.perf_counter() - since
+        logger.warning(
+            "%s: giving up after %d restart attempt(s) over %.3g s: %s",
+            _envs(sorted(todo)),
+            tried,
+            down,
+            describe_error(todo[min(todo)]),
+        )
+        raise EnvError(todo, f"{name}() (restart failed after {tried} attempts over {down:.3g} s)")
 
     def _charge_restarts(self, failed: dict[int, BaseException]) -> str:
         """Charge a restart to every failed env, or to none if one is over its limit.
@@ -744,10 +801,12 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         if all(self._restarts.may_restart(i, now) for i in failed):
             self._restarts.record(failed, now)
             return ""
-        return (
+        refusal = (
             f"restart limit reached: more than {policy.max_restarts} restarts "
             f"within {policy.window:g} s"
         )
+        logger.warning("%s: giving up: %s", _envs(sorted(failed)), refusal)
+        return refusal
 
     def _restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
         """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
@@ -792,6 +851,23 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.state = State.CLOSED
         if backend is not None:
             backend.close_now()
+
+
+def _not_before(start: float | None, launched: float) -> float | None:
+    """An env's start, never before its launch (a backend may not have stamped it yet)."""
+    return None if start is None else max(start, launched)
+
+
+def _cancelled(error: BaseException) -> bool:
+    return isinstance(error, asyncio.CancelledError)
+
+
+def _envs(indices: Sequence[int]) -> str:
+    """``env 3`` or ``envs 0, 1, 2`` (the first ten) for a log line."""
+    if len(indices) == 1:
+        return f"env {indices[0]}"
+    shown = ", ".join(map(str, indices[:10]))
+    return f"envs {shown}" + (", ..." if len(indices) > 10 else "")
 
 
 def _check_name(name: object) -> str:

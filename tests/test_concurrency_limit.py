@@ -208,3 +208,57 @@ async def test_time_queued_for_a_token_is_not_counted_as_latency(monkeypatch):
         await venv.step(np.zeros(4, np.int64))
         stats = venv.latency_stats()
     assert stats.p50.tolist() == [1.0] * 4  # not 1, 2, 3, 4: queueing is not the server's
+
+
+WORK = 0.3  # seconds of an env's own work per step (the scenario, not synchronisation)
+TIMEOUT = 0.5  # more than one env's work, less than two envs' one after the other
+
+
+class TimedAsyncEnv(AsyncServerEnv):
+    """Works ``WORK`` seconds per step; a step with action 1 never ends (until released)."""
+
+    def __init__(self, peak: Peak, release: threading.Event) -> None:
+        super().__init__(peak)
+        self.release = release
+
+    async def step(self, action):
+        if action == 1:
+            await asyncio.Event().wait()
+        await asyncio.sleep(WORK)
+        return 0, 0.0, False, False, {}
+
+
+class TimedBlockingEnv(BlockingServerEnv):
+    def __init__(self, peak: Peak, release: threading.Event) -> None:
+        super().__init__(peak)
+        self.release = release
+
+    def step(self, action):
+        if action == 1:
+            self.release.wait(60)
+        time.sleep(WORK)
+        return 0, 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    ("backend", "env_cls"), [("inline", TimedAsyncEnv), ("thread", TimedBlockingEnv)]
+)
+@pytest.mark.asyncio
+async def test_each_env_has_its_timeout_from_its_own_start_not_the_queue(backend, env_cls):
+    """Under max_concurrency=1 the second env starts after the first: its clock starts then."""
+    release = threading.Event()
+    fns: list[Any] = [lambda: env_cls(Peak(), release)] * 2
+    venv = aiovec.AsyncioVectorEnv(fns, backend=backend, max_concurrency=1, step_timeout=TIMEOUT)
+    try:
+        await venv.reset()
+        # 2 x WORK one after the other is more than TIMEOUT; each env's own WORK is less.
+        _, _, _, _, infos = await venv.step(np.zeros(2, np.int64))
+        assert "error" not in infos
+        # A queued env that hangs once it has its slot still times out, and only it.
+        with pytest.raises(aiovec.EnvTimeoutError) as info:
+            await venv.step(np.array([0, 1]))
+        assert set(info.value.errors) == {1}
+        assert "did not answer step() within 0.5 s" in str(info.value)
+    finally:
+        release.set()
+        await venv.close()

@@ -16,6 +16,7 @@ from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, copy_batch
 from aiovec._core.calls import AUTORESET, STEP, new_step_flow
+from aiovec._core.deadlines import overdue
 from aiovec._core.lifecycle import Lifecycle, State, VectorCall
 
 CORE = pathlib.Path(__file__).parent.parent / "aiovec" / "_core"
@@ -549,3 +550,21 @@ def test_latency_of_envs_that_ended_together():
     stats = book.summary()
     assert stats.count.tolist() == [1, 1, 2, 2, 1]
     assert stats.mean.tolist() == pytest.approx([2.0, 1.0, 2.0, 3.5, 2.0])
+
+
+# -- per-env deadlines: (starts, now) -> late envs and the next wait -------------------
+
+DEADLINES = [
+    # starts (None: queued for a slot), now, late, wait   (timeout = 1.0)
+    ({0: 0.0, 1: 0.0}, 0.25, [], 0.75),
+    ({0: 0.0, 1: 0.5}, 1.0, [0], 0.5),  # env 1 started later: it has time left
+    ({0: 0.0, 1: None}, 1.0, [0], 1.0),  # a queued env is never late; look again in 1 s
+    ({0: None, 1: None}, 5.0, [], 1.0),
+    ({0: 3.5, 1: 0.0, 2: 3.25}, 4.0, [1], 0.25),
+    ({}, 0.0, [], 1.0),
+]
+
+
+@pytest.mark.parametrize(("starts", "now", "late", "wait"), DEADLINES)
+def test_each_env_is_due_timeout_after_its_own_start(starts, now, late, wait):
+    assert overdue(starts.items(), 1.0, now) == (late, wait)

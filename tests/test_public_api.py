@@ -25,6 +25,7 @@ PUBLIC = {
     "LatencyStats",
     "NoAsyncCallError",
     "RestartPolicy",
+    "State",
     "StateError",
     "WorkerDiedError",
     "__version__",
@@ -79,6 +80,26 @@ def test_env_errors_name_envs_and_pickle(cls):
     assert type(copy) is cls
     assert copy.env_index == 2
     assert str(copy) == str(error)
+
+
+@pytest.mark.parametrize(
+    ("cause", "shown"),
+    [
+        (TypeError("bad thing"), "env 0 failed in reset(): TypeError: bad thing"),
+        (TimeoutError(), "env 0 failed in reset(): TimeoutError"),
+        (KeyError("x"), "env 0 failed in reset(): KeyError: 'x'"),
+    ],
+)
+def test_env_error_shows_its_cause_as_a_traceback_does(cause, shown):
+    assert str(aiovec.EnvError({0: cause}, "reset()")) == shown
+
+
+def test_state_is_public_and_is_what_venv_state_returns():
+    with aiovec.BlockingVectorEnv([lambda: gymnasium.make("CartPole-v1")]) as envs:
+        assert envs.vector_env.state is aiovec.State.NEEDS_RESET
+        envs.reset(seed=0)
+        assert envs.vector_env.state is aiovec.State.READY
+    assert pickle.loads(pickle.dumps(aiovec.State.BROKEN)) is aiovec.State.BROKEN
 
 
 def test_env_error_needs_a_failing_env():

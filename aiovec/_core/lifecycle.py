@@ -29,7 +29,13 @@ __all__ = ("PENDING", "Lifecycle", "State", "VectorCall")
 
 
 class State(enum.Enum):
-    """Where a vector env is in its life."""
+    """Where a vector env is in its life: ``venv.state``, public as ``aiovec.State``.
+
+    ``NEEDS_RESET`` (before the first ``reset()``), ``READY``, ``BUSY`` (a
+    call is in flight), ``SENT`` (envs in flight from ``send()``), ``BROKEN``
+    (a call failed or was cancelled half-way: only a full ``reset()`` or
+    ``close()`` is allowed) and ``CLOSED``.
+    """
 
     # Members are singletons: identity hashing is exact, and C-speed (Enum's own
     # __hash__ is Python code, and the table is consulted on every call).

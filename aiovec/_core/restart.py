@@ -1,8 +1,9 @@
 """``on_error="restart"``: the policy, and the bookkeeping that enforces its limits.
 
 Pure: the caller passes the time in.  The vector env asks `RestartBook`
-whether an env may be restarted once more, and follows
-`RestartPolicy.delays` between attempts to rebuild and reset it.
+whether an env may be restarted once more, and asks
+`RestartPolicy.wait_before` how long to wait before each attempt to rebuild
+and reset it (or whether to give up).
 
 The limit (ML-Agents' model): at most ``max_restarts`` restarts of one env
 within any ``window`` seconds; the failure that would be one more raises
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiovec._core.calls import Transition
+from aiovec._errors import describe_error
 
 __all__ = ("RestartBook", "RestartPolicy", "describe_failure", "restarted_row")
 
@@ -32,30 +34,51 @@ class RestartPolicy:
 
     A failed env is closed (best effort), rebuilt from its factory and reset;
     if that fails too (a server that refuses connections, say), it is tried
-    again after ``backoff`` seconds, doubling up to ``max_backoff``, at most
-    ``attempts`` times in all.  One env is restarted at most ``max_restarts``
-    times within any ``window`` seconds: a failure that would need one more
-    restart is taken for a crash loop, and the step raises
-    `aiovec.EnvError` instead, so a dead server fails loudly.  Each env
-    has a budget of its own.
+    again after ``backoff`` seconds, doubling up to ``max_backoff``.  Two
+    limits end the retries, whichever is reached first:
+
+    - ``attempts``: at most this many tries in all;
+    - ``max_downtime``: no try starts later than this many seconds after the
+      failure was seen (the wait before the last try is shortened so that it
+      starts exactly then).
+
+    With neither given, ``attempts`` is 3; with ``max_downtime`` alone, the
+    env is tried as often as the backoff allows within ``max_downtime``.  The
+    last failure is then raised as `aiovec.EnvError`.
+
+    One env is restarted at most ``max_restarts`` times within any ``window``
+    seconds: a failure that would need one more restart is taken for a crash
+    loop, and the step raises `aiovec.EnvError` instead, so a dead server
+    fails loudly.  Each env has a budget of its own.
 
     Attributes:
-        attempts: Tries to rebuild and reset a failed env before giving up.
+        attempts: Most tries to rebuild and reset a failed env (``None``: 3,
+            or no limit of its own when ``max_downtime`` is given).
         backoff: Seconds to wait before the second try.
         max_backoff: Upper bound of the wait between tries.
         max_restarts: Restarts allowed per env within ``window`` seconds.
         window: The sliding window for ``max_restarts``, in seconds.
+        max_downtime: Seconds after the failure during which tries may start
+            (``None``: no limit of time, only ``attempts``).
+
+    Example:
+        A server that may be away for 30 s::
+
+            aiovec.RestartPolicy(max_downtime=30.0, max_backoff=2.0)
     """
 
-    attempts: int = 3
+    attempts: int | None = None
     backoff: float = 0.1
     max_backoff: float = 5.0
     max_restarts: int = 10
     window: float = 300.0
+    max_downtime: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("attempts", "max_restarts"):
             value = getattr(self, name)
+            if value is None and name == "attempts":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RestartPolicy.{name} must be an int >= 1, got {value!r}")
         for name in ("backoff", "max_backoff", "window"):
@@ -64,12 +87,41 @@ class RestartPolicy:
                 raise ValueError(f"RestartPolicy.{name} must be a number >= 0, got {value!r}")
             if math.isnan(value):
                 raise ValueError(f"RestartPolicy.{name} must be a number >= 0, got nan")
+        value = self.max_downtime
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(
+                "RestartPolicy.max_downtime must be None or a finite number of seconds > 0, "
+                f"got {value!r}"
+            )
 
-    def delays(self) -> list[float]:
-        """Seconds to wait before each attempt (the first one at once)."""
-        return [0.0] + [
-            min(self.backoff * 2**k, self.max_backoff) for k in range(self.attempts - 1)
-        ]
+    @property
+    def max_attempts(self) -> float:
+        """The limit of tries that applies (``math.inf``: only ``max_downtime`` limits them)."""
+        if self.attempts is not None:
+            return self.attempts
+        return 3 if self.max_downtime is None else math.inf
+
+    def wait_before(self, tried: int, elapsed: float) -> float | None:
+        """Seconds to wait before the next try, or ``None`` to give up.
+
+        Args:
+            tried: Tries made so far (0 before the first, which starts at once).
+            elapsed: Seconds since the failure was seen.
+        """
+        if tried == 0:
+            return 0.0
+        if tried >= self.max_attempts:
+            return None
+        wait = min(self.backoff * 2.0 ** (tried - 1), self.max_backoff)
+        if self.max_downtime is None:
+            return wait
+        left = self.max_downtime - elapsed
+        return None if left <= 0 else min(wait, left)
 
 
 class RestartBook:
@@ -98,7 +150,7 @@ class RestartBook:
 
 def describe_failure(error: BaseException, operation: str) -> str:
     """The text a restarted env's ``infos["error"]`` carries."""
-    return f"{type(error).__name__}: {error} (in {operation}; the env was rebuilt and reset)"
+    return f"{describe_error(error)} (in {operation}; the env was rebuilt and reset)"
 
 
 def restarted_row(reset_result: tuple[Any, dict[str, Any]], message: str) -> Transition:

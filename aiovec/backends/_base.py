@@ -84,6 +84,7 @@ class Backend(abc.ABC):
         self.limiter = limiter
         self.latency = LatencyBook(self.num_envs)
         self._started = [0.0] * self.num_envs  # when each env's call in flight began
+        self.queued: set[int] = set()  # envs in flight still waiting for a concurrency slot
         self._results: MutableMapping[int, Any] = self._new_results()
         self._errors: dict[int, BaseException] = {}
         self.pending: set[int] = set()
@@ -155,13 +156,21 @@ class Backend(abc.ABC):
         self.pending.add(i)
         self._started[i] = since
 
-    def _restamp(self, i: int) -> Callable[[], None]:
-        """Restart env ``i``'s latency clock (it waited for a concurrency token)."""
+    def _queue(self, i: int, waiting: bool) -> None:
+        """Env ``i`` waits for a ``max_concurrency`` slot, or no longer (its clock starts now)."""
+        if waiting:
+            self.queued.add(i)
+        else:
+            self.queued.discard(i)
+            self._started[i] = time.perf_counter()  # queued time is not the env's
 
-        def restamp() -> None:
-            self._started[i] = time.perf_counter()
+    def started_at(self, i: int) -> float | None:
+        """When env ``i``'s call in flight started (``time.perf_counter``).
 
-        return restamp
+        ``None`` while it waits for a ``max_concurrency`` slot: its deadline
+        counts from the moment it gets one.
+        """
+        return None if i in self.queued else self._started[i]
 
     def _new_results(self) -> MutableMapping[int, Any]:
         """An empty mapping for the results of the next collect."""

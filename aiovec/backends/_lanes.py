@@ -16,6 +16,11 @@ Two things keep this indistinguishable from a real task per call:
   that same context, so context variables set before a suspension are there
   after it.
 
+A lane carries a coroutine on one slice at a time (``coro.send``/``throw``
+between two suspensions) and times each slice with two clock reads: a slice
+longer than the loop's ``slow_callback_duration`` is reported through
+``on_slow`` (an env that blocks the loop; see ``aiovec._log``).
+
 A lane is cancelled to cancel its env's call; cancellation ends the lane, and a
 new one is made for the env's next call.  Python 3.12 made eager tasks a
 built-in feature; this module gives Python 3.11 the same semantics, using
@@ -29,9 +34,12 @@ import asyncio
 import asyncio.tasks as _asyncio_tasks
 import contextvars
 import inspect
+import time
 import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, cast
+
+from aiovec._log import slow_slice_limit
 
 _Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
 # The same hooks asyncio's own eager tasks use; absent on other interpreters.
@@ -45,13 +53,15 @@ PENDING: Any = object()
 """Returned by `Lanes.start` for a coroutine that suspended."""
 
 OnDone = Callable[[int, Any, BaseException | None], None]
+OnSlow = Callable[[int, float], None]
 
 
 class Lanes:
     """One lane per env; results are reported through ``on_done``."""
 
-    def __init__(self, num_envs: int, on_done: OnDone) -> None:
+    def __init__(self, num_envs: int, on_done: OnDone, on_slow: OnSlow) -> None:
         self._on_done = on_done
+        self._on_slow = on_slow
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None] | None] = [None] * num_envs
         self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
@@ -165,13 +175,12 @@ class Lanes:
     def _serve(self, i: int) -> Generator[Any, Any, None]:
         """The lane's body: a generator, so that carrying on a call allocates nothing.
 
-        It re-yields what the coroutine handed over waits on, then delegates to
-        the coroutine with ``yield from`` (in C), as ``Resume`` would but
-        without a new object per call.
+        It yields what the coroutine waits on, as a task would, and resumes
+        the coroutine one slice at a time, timing each slice.
         """
         loop = self._loop
         assert loop is not None
-        on_done = self._on_done
+        on_done, on_slow, clock = self._on_done, self._on_slow, time.perf_counter
         while True:
             wake = self._wakes[i]
             assert wake is not None
@@ -189,27 +198,28 @@ class Lanes:
                     raise
                 _deliver_cancellation(first)
             self._wakes[i] = loop.create_future()
+            limit = slow_slice_limit()
             try:
-                value: Any = _FRESH  # not known yet
-                while first is not _FRESH:  # wait on what the coroutine waits on
-                    try:
-                        yield first
-                    except BaseException as thrown:  # e.g. a cancellation: the coroutine's
+                while True:
+                    thrown: BaseException | None = None
+                    if first is not _FRESH:  # wait on what the coroutine waits on
                         try:
-                            first = coro.throw(thrown)
-                        except StopIteration as stop:
-                            value = stop.value
-                            break
-                    else:
-                        break
-                if value is _FRESH:
-                    value = yield from coro
+                            yield first
+                        except BaseException as exc:  # e.g. a cancellation: the coroutine's
+                            thrown = exc
+                    start = clock()
+                    try:
+                        first = coro.send(None) if thrown is None else coro.throw(thrown)
+                    finally:
+                        held = clock() - start
+                        if held > limit:
+                            on_slow(i, held)
+            except StopIteration as stop:
+                on_done(i, stop.value, None)
             except BaseException as exc:
                 on_done(i, None, exc)
                 if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
-            else:
-                on_done(i, value, None)
 
 
 def _deliver_cancellation(waiting_on: Any) -> None:

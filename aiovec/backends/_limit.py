@@ -2,8 +2,8 @@
 
 The limiter may be shared by several vector envs that talk to one server.  A
 call takes a token without waiting when one is free (so an eager call stays
-eager) and otherwise waits for one; its latency clock restarts once it holds
-the token (time queued is not the env's), and it gives the token back when it
+eager) and otherwise waits for one; the time it spends queued counts neither
+for its deadline nor for its latency, and it gives the token back when it
 has finished.  This module is the only place that touches a limiter: inline
 wraps a call's coroutine in `limited`; the thread backend, whose calls run on
 threads, takes and gives back tokens around each job with the functions below.
@@ -29,15 +29,23 @@ def take_now(limiter: anyio.CapacityLimiter, token: object) -> bool:
 
 
 async def take_waiting(
-    limiter: anyio.CapacityLimiter, token: object, started: Callable[[], None]
+    limiter: anyio.CapacityLimiter, token: object, queue: Callable[[bool], None] | None = None
 ) -> None:
-    """Wait for one of ``limiter``'s tokens as ``token``; then call ``started``.
+    """Wait for one of ``limiter``'s tokens as ``token``.
 
-    ``started`` restarts the env's latency clock: the time spent queued is not
-    the env's.
+    ``queue(True)`` is called before the wait and ``queue(False)`` once it is
+    over (the token is held, or the wait was cancelled), so that neither the
+    env's deadline nor its latency counts the time spent queued.  A caller that
+    marks the queued time itself passes no ``queue``.
     """
-    await limiter.acquire_on_behalf_of(token)
-    started()
+    if queue is None:
+        await limiter.acquire_on_behalf_of(token)
+        return
+    queue(True)
+    try:
+        await limiter.acquire_on_behalf_of(token)
+    finally:
+        queue(False)
 
 
 def give_back(limiter: anyio.CapacityLimiter, token: object) -> None:
@@ -49,15 +57,16 @@ async def limited(
     limiter: anyio.CapacityLimiter,
     token: object,
     coro: Coroutine[Any, Any, Any],
-    started: Callable[[], None],
+    queue: Callable[[bool], None],
 ) -> Any:
     """Await ``coro`` holding one of ``limiter``'s tokens (borrowed as ``token``).
 
-    ``started`` is called once the token is held after waiting for it.
+    ``queue`` is told when the call starts and stops waiting for a token
+    (`take_waiting`).
     """
     if not take_now(limiter, token):
         try:
-            await take_waiting(limiter, token, started)
+            await take_waiting(limiter, token, queue)
         except BaseException:
             coro.close()  # never started: close it rather than leak it
             raise

@@ -3,6 +3,12 @@
 Synchronous envs are called directly; async envs are driven eagerly on their
 lanes (see ``_lanes``), so a batch of envs that never suspend costs no task at
 all, and envs that wait overlap their waits.
+
+An env that holds the loop (one stretch of a call, without awaiting, longer
+than the loop's ``slow_callback_duration``) is named once in a warning
+(``aiovec._log``).  Timing is one clock read per env and call, except on the
+hot path of synchronous steps: there the whole batch is timed (two reads), and
+each env only once a batch has taken longer than the limit.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import anyio
 from aiovec._core.calls import flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
+from aiovec._log import slow_slice_limit, warn_slow_slice
 from aiovec.backends._base import Backend, EnvTraits, build_envs
 from aiovec.backends._drive import (
     StepFlow,
@@ -57,8 +64,11 @@ class InlineBackend(Backend):
             raise
         self._any_async = any(self._is_async)
         self._flows: list[StepFlow | None] = [None] * self.num_envs
-        self._lanes = Lanes(self.num_envs, self._finish)
+        self._lanes = Lanes(self.num_envs, self._finish, self._slow)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
+        self._operation = ""  # the name of the op launched last, for a warning
+        self._slow_envs: set[int] = set()  # envs already warned of holding the loop
+        self._time_each_step = False  # set once a batch of sync steps held the loop
         self.traits = EnvTraits.of(self._envs)
         _OPEN.add(self)
 
@@ -70,53 +80,75 @@ class InlineBackend(Backend):
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Run ``op``: sync envs to completion now, async envs eagerly until they wait."""
         envs, flows, results = self._envs, self._flows, self._results
+        self._operation = op.name
         if not isinstance(op, StepOp):
             self._run_each(
                 (i, perform_sync, perform_async, (envs[i], call))
                 for i, call in zip(indices, op.calls, strict=True)
             )
-        elif self._any_async:
+        elif self._any_async or self._time_each_step:
             self._run_each(
                 (i, step_sync, step_async, (envs[i], flows[i] or flow_at(flows, i, op.mode), rf, a))
                 for i, rf, a in zip(indices, op.reset_first, op.actions, strict=True)
             )
-        else:  # the hot path of synchronous envs: one tight loop
+        else:  # the hot path of synchronous envs: one tight loop, timed as a whole
+            since = time.perf_counter()
             for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
                 try:
                     flow = flows[i] or flow_at(flows, i, op.mode)
                     results[i] = step_sync(envs[i], flow, first, action)
                 except BaseException as exc:
                     self._fail(i, exc)
+            if time.perf_counter() - since > slow_slice_limit():
+                self._time_each_step = True  # some env may hold the loop: find which
 
     def _run_each(self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]]) -> None:
-        """Run each ``(i, sync_fn, async_fn, args)``: sync envs now, async ones eagerly."""
+        """Run each ``(i, sync_fn, async_fn, args)``: sync envs now, async ones eagerly.
+
+        Each env's stretch on the loop is timed (one clock read per env).
+        """
         is_async, lanes, results = self._is_async, self._lanes, self._results
-        since = time.perf_counter()
+        clock, limit = time.perf_counter, slow_slice_limit()
+        since = last = clock()
         loop: asyncio.AbstractEventLoop | None = None
         caller = None
         try:
             for i, sync_fn, async_fn, args in jobs:
                 try:
-                    if not is_async[i]:
+                    if is_async[i]:
+                        if loop is None:
+                            loop = self._loop = asyncio.get_running_loop()
+                            caller = lanes.enter(loop)
+                        coro = async_fn(*args)
+                        if self.limiter is not None:
+                            coro = limited(self.limiter, object(), coro, self._queuer(i))
+                        value = lanes.start(i, coro)
+                        if value is PENDING:
+                            self._mark_waiting(i, since)
+                        else:
+                            results[i] = value
+                    else:
                         results[i] = sync_fn(*args)
-                        continue
-                    if loop is None:
-                        loop = self._loop = asyncio.get_running_loop()
-                        caller = lanes.enter(loop)
-                    coro = async_fn(*args)
-                    if self.limiter is not None:
-                        coro = limited(self.limiter, object(), coro, self._restamp(i))
-                    value = lanes.start(i, coro)
                 except BaseException as exc:
                     self._fail(i, exc)
-                    continue
-                if value is PENDING:
-                    self._mark_waiting(i, since)
-                else:
-                    results[i] = value
+                finally:
+                    now = clock()
+                    if now - last > limit:
+                        self._slow(i, now - last)
+                    last = now
         finally:
             if loop is not None:
                 lanes.leave(caller)
+
+    def _slow(self, i: int, seconds: float) -> None:
+        """Env ``i`` held the loop for ``seconds`` in one stretch: say so, once per env."""
+        if i not in self._slow_envs:
+            self._slow_envs.add(i)
+            warn_slow_slice(i, self._operation, seconds, slow_slice_limit())
+
+    def _queuer(self, i: int) -> Callable[[bool], None]:
+        """Env ``i``'s hook for `limited`: it waits for a concurrency slot, or no longer."""
+        return lambda waiting: self._queue(i, waiting)
 
     def _fail(self, i: int, error: BaseException) -> None:
         self._flows[i] = None  # it still expects the failed call's result

@@ -138,20 +138,23 @@ class ThreadBackend(Backend):
         """Queue one job per env on its worker; returns at once."""
         self._loop = asyncio.get_running_loop()
         generations = self._generations
+        since = time.perf_counter()
         if isinstance(op, StepOp):
             for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
                 flow = self._flows[i] or flow_at(self._flows, i, op.mode)
-                self._submit((i, generations[i], step_sync, (self._envs[i], flow, first, action)))
+                job = (i, generations[i], step_sync, (self._envs[i], flow, first, action))
+                self._submit(job, since)
             return
         for i, call in zip(indices, op.calls, strict=True):
-            self._submit((i, generations[i], perform_sync, (self._envs[i], call)))
+            self._submit((i, generations[i], perform_sync, (self._envs[i], call)), since)
 
-    def _submit(self, job: tuple[int, int, Any, tuple[Any, ...]]) -> None:
+    def _submit(self, job: tuple[int, int, Any, tuple[Any, ...]], since: float) -> None:
         i, generation = job[0], job[1]
-        self._mark_waiting(i, time.perf_counter())
+        self._mark_waiting(i, since)
         if self.limiter is not None:
             token = self._tokens[i, generation] = object()
             if not take_now(self.limiter, token):
+                self._queue(i, True)
                 self._waiting[i] = asyncio.get_running_loop().create_task(self._submit_later(job))
                 return
         self._worker(i).jobs.put(job)
@@ -159,13 +162,16 @@ class ThreadBackend(Backend):
     async def _submit_later(self, job: tuple[int, int, Any, tuple[Any, ...]]) -> None:
         i, generation = job[0], job[1]
         assert self.limiter is not None
+        task = asyncio.current_task()
         try:
-            await take_waiting(self.limiter, self._tokens[i, generation], self._restamp(i))
+            await take_waiting(self.limiter, self._tokens[i, generation])
         except asyncio.CancelledError:
             del self._tokens[i, generation]
             raise
         finally:
-            self._waiting.pop(i, None)
+            if self._waiting.get(i) is task:  # not abandoned by cancel() meanwhile
+                del self._waiting[i]
+                self._queue(i, False)  # its clock starts now: queued time is not the env's
         self._worker(i).jobs.put(job)
 
     def _release(self, i: int, generation: int) -> None:
@@ -240,6 +246,7 @@ class ThreadBackend(Backend):
             waiting = self._waiting.pop(i, None)
             if waiting is not None:  # never submitted: nothing runs on its thread
                 waiting.cancel()
+                self.queued.discard(i)
             else:
                 self._stuck.add(i)
             self._generations[i] += 1

@@ -240,16 +240,61 @@ def test_restart_works_through_the_blocking_front_end():
         {"backoff": -1},
         {"window": float("nan")},
         {"attempts": 1.5},
+        {"max_downtime": 0},
+        {"max_downtime": -1.0},
+        {"max_downtime": float("inf")},
+        {"max_downtime": float("nan")},
+        {"max_downtime": "30"},
+        {"max_downtime": True},
     ],
 )
 def test_bad_restart_policies_are_refused(kwargs):
-    with pytest.raises(ValueError, match="RestartPolicy"):
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=f"RestartPolicy.{name} must be") as info:
         aiovec.RestartPolicy(**kwargs)
+    assert repr(kwargs[name]) in str(info.value)
+
+
+def waits(policy, elapsed=lambda tried: 0.0):
+    """The waits a policy asks for, try after try, until it gives up (at most 100)."""
+    out = []
+    for tried in range(100):
+        wait = policy.wait_before(tried, elapsed(tried))
+        if wait is None:
+            return out
+        out.append(wait)
+    return out
 
 
 def test_restart_policy_backoff_doubles_up_to_its_bound():
     policy = aiovec.RestartPolicy(attempts=5, backoff=0.5, max_backoff=1.5)
-    assert policy.delays() == [0.0, 0.5, 1.0, 1.5, 1.5]
+    assert waits(policy) == [0.0, 0.5, 1.0, 1.5, 1.5]
+    assert waits(aiovec.RestartPolicy()) == [0.0, 0.1, 0.2]  # attempts=None: 3 tries
+
+
+def test_max_downtime_retries_until_the_downtime_is_spent_and_no_longer():
+    policy = aiovec.RestartPolicy(max_downtime=10.0, backoff=1.0, max_backoff=2.0)
+    # Each try fails at once, so the time elapsed is the sum of the waits so far.
+    clock = [0.0]
+    got = []
+    for tried in range(100):
+        wait = policy.wait_before(tried, clock[0])
+        if wait is None:
+            break
+        got.append(wait)
+        clock[0] += wait
+    # 0, 1, 2, 2, 2 (t = 7), 2 (t = 9), then cut to 1 so the last try starts at t = 10.
+    assert got == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 1.0]
+    assert policy.max_attempts == float("inf")
+    assert policy.wait_before(3, 10.0) is None  # the downtime is spent: give up
+
+
+def test_attempts_and_max_downtime_together_stop_at_whichever_comes_first():
+    policy = aiovec.RestartPolicy(attempts=2, max_downtime=60.0, backoff=1.0)
+    assert waits(policy) == [0.0, 1.0]  # attempts first
+    policy = aiovec.RestartPolicy(attempts=50, max_downtime=0.5, backoff=1.0)
+    assert policy.wait_before(1, 0.2) == pytest.approx(0.3)  # downtime first
+    assert policy.wait_before(2, 0.5) is None
 
 
 def test_bad_timeouts_are_refused():

@@ -1,0 +1,203 @@
+"""What aiovec logs on the ``aiovec`` logger: timeouts, restarts, envs that hold the loop.
+
+The loop-hog threshold is the running loop's ``slow_callback_duration``; the
+tests lower it so that an env blocking for a few milliseconds (the scenario
+itself, not synchronisation) is over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import gymnasium
+import numpy as np
+import pytest
+import pytest_asyncio
+
+import aiovec
+from aiovec._log import slow_slice_limit
+
+SPACE = gymnasium.spaces.Discrete(3)
+LIMIT = 0.02  # the loop's slow_callback_duration in these tests
+BLOCK = 0.05  # how long a hogging env blocks the loop
+
+
+class PoliteEnv(aiovec.AsyncEnv[int, int]):
+    """Awaits between short stretches of work: never holds the loop."""
+
+    observation_space = action_space = SPACE
+
+    async def reset(self, *, seed=None, options=None):
+        await asyncio.sleep(0)
+        return 0, {}
+
+    async def step(self, action):
+        await asyncio.sleep(0)
+        return 0, 0.0, False, False, {}
+
+
+class EagerHog(PoliteEnv):
+    """Blocks before its first await (the part aiovec drives eagerly)."""
+
+    async def step(self, action):
+        time.sleep(BLOCK)  # noqa: ASYNC251  (the blocking call this test is about)
+        await asyncio.sleep(0)
+        return 0, 0.0, False, False, {}
+
+
+class LateHog(PoliteEnv):
+    """Blocks after an await (a slice its lane carries on)."""
+
+    async def step(self, action):
+        await asyncio.sleep(0)
+        time.sleep(BLOCK)  # noqa: ASYNC251  (the blocking call this test is about)
+        return 0, 0.0, False, False, {}
+
+
+class SyncHog(gymnasium.Env[int, int]):
+    """A blocking synchronous env, wrongly on the inline backend."""
+
+    observation_space = action_space = SPACE
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action):
+        time.sleep(BLOCK)
+        return 0, 0.0, False, False, {}
+
+
+class SyncFine(SyncHog):
+    def step(self, action):
+        return 0, 0.0, False, False, {}
+
+
+@pytest_asyncio.fixture
+async def low_limit() -> AsyncIterator[None]:
+    loop = asyncio.get_running_loop()
+    before = loop.slow_callback_duration
+    loop.slow_callback_duration = LIMIT
+    yield
+    loop.slow_callback_duration = before
+
+
+def hog_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
+
+
+async def run(fns, steps: int = 3) -> None:
+    async with aiovec.AsyncioVectorEnv(fns) as venv:
+        await venv.reset()
+        for _ in range(steps):
+            await venv.step(np.zeros(len(fns), np.int64))
+
+
+@pytest.mark.parametrize("hog", [EagerHog, LateHog])
+@pytest.mark.asyncio
+async def test_an_async_env_that_holds_the_loop_is_named_once(hog, low_limit, caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([PoliteEnv, hog, PoliteEnv, hog])
+    warnings = hog_warnings(caplog)
+    assert len(warnings) == 2  # once per env, not once per step
+    assert warnings[0].startswith("env 1 held the event loop for 0.0")
+    assert warnings[1].startswith("env 3 held the event loop")
+    assert "in step()" in warnings[0]
+    assert "slow_callback_duration, 0.02 s" in warnings[0]
+    assert "backend='thread'" in warnings[0]
+    assert "backend='process'" in warnings[0]
+    assert all(r.name == "aiovec" and r.levelno == logging.WARNING for r in caplog.records)
+
+
+@pytest.mark.asyncio
+async def test_a_blocking_sync_env_on_inline_is_named(low_limit, caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([SyncFine, SyncFine, SyncHog])  # sync steps: named from the 2nd step on
+    assert hog_warnings(caplog) == [
+        m for m in hog_warnings(caplog) if m.startswith("env 2 held the event loop")
+    ]
+    assert len(hog_warnings(caplog)) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_blocking_reset_is_named_at_once(low_limit, caplog):
+    class SlowReset(SyncFine):
+        def reset(self, *, seed=None, options=None):
+            time.sleep(BLOCK)
+            return super().reset(seed=seed)
+
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    async with aiovec.AsyncioVectorEnv([SyncFine, SlowReset]) as venv:
+        await venv.reset()
+        (warning,) = hog_warnings(caplog)
+    assert warning.startswith("env 1 held the event loop")
+    assert "in reset()" in warning
+
+
+@pytest.mark.asyncio
+async def test_envs_that_await_are_never_warned_about_and_nothing_is_logged(caplog):
+    caplog.set_level(logging.DEBUG, logger="aiovec")
+    await run([PoliteEnv] * 4, steps=10)
+    await run([SyncFine] * 4, steps=10)
+    assert caplog.records == []
+
+
+@pytest.mark.asyncio
+async def test_the_limit_is_the_loops_slow_callback_duration():
+    loop = asyncio.get_running_loop()
+    assert slow_slice_limit() == loop.slow_callback_duration == 0.1  # asyncio's default
+    loop.slow_callback_duration = 0.5
+    assert slow_slice_limit() == 0.5
+    loop.slow_callback_duration = 0.1
+
+
+def test_without_a_loop_the_limit_is_asyncios_default():
+    assert slow_slice_limit() == 0.1
+
+
+class Hanging(PoliteEnv):
+    async def step(self, action):
+        await asyncio.Event().wait()
+
+
+@pytest.mark.asyncio
+async def test_a_timeout_is_logged_naming_the_env(caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    async with aiovec.AsyncioVectorEnv([PoliteEnv, Hanging], step_timeout=0.05) as venv:
+        await venv.reset()
+        with pytest.raises(aiovec.EnvTimeoutError):
+            await venv.step(np.zeros(2, np.int64))
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == "env 1 did not answer step() within 0.05 s; cancelled"
+
+
+class Failing(PoliteEnv):
+    async def step(self, action):
+        raise TypeError("bad thing")
+
+
+@pytest.mark.asyncio
+async def test_a_restart_and_giving_up_are_logged(caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    policy = aiovec.RestartPolicy(max_restarts=1, backoff=0.0)
+    async with aiovec.AsyncioVectorEnv([PoliteEnv, Failing], on_error=policy) as venv:
+        await venv.reset()
+        await venv.step(np.zeros(2, np.int64))  # restarted
+        assert [r.getMessage() for r in caplog.records] == [
+            "env 1 failed in step(): TypeError: bad thing; restarting"
+        ]
+        await venv.step(np.zeros(2, np.int64))  # the autoreset after the restart
+        with pytest.raises(aiovec.EnvError, match="restart limit reached"):
+            await venv.step(np.zeros(2, np.int64))
+    assert caplog.records[-1].getMessage() == (
+        "env 1: giving up: restart limit reached: more than 1 restarts within 300 s"
+    )
+
+
+def test_aiovec_adds_no_handler_of_its_own():
+    """The logging HOWTO: a library leaves handlers to the application."""
+    assert logging.getLogger("aiovec").handlers == []
