@@ -25,6 +25,9 @@ Two strategies, chosen once, when the runner is made:
     default loop, whose clock is ``time.monotonic``: uvloop caches its clock
     between iterations, so timers started outside it can fire early.
 
+The blocking front end also *builds* its vector env through `Runner.run`, so
+env factories run on the loop that will run their envs (the factory rule).
+
 ``loop-thread`` (a loop already runs in this thread, e.g. Jupyter)
     The runner starts an anyio blocking portal: an event loop on a thread of
     its own, and each call runs there (~130 us a call).  Ctrl-C cancels the

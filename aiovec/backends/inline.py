@@ -17,7 +17,13 @@ import anyio
 from aiovec._core.calls import new_step_flow
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
-from aiovec.backends._base import Backend, EnvTraits, build_envs, close_quietly
+from aiovec.backends._base import (
+    Backend,
+    EnvTraits,
+    build_envs,
+    close_quietly,
+    make_env,
+)
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
 from aiovec.backends._lanes import PENDING, Lanes
 from aiovec.backends._limit import limited
@@ -146,14 +152,14 @@ class InlineBackend(Backend):
         super()._finish(i, value, error)
 
     async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
-        """Close, then rebuild each env from its factory (in this thread)."""
+        """Close, then rebuild each env from its factory (on this loop: `make_env`)."""
         errors: dict[int, BaseException] = {}
         for i in indices:
             self._lanes.cancel(i)  # an idle lane ends; a new one comes with the next call
             self._flows[i] = None
             await _close_within(self._envs[i], _CLOSE_TIMEOUT)
             try:
-                env = self._env_fns[i]()
+                env = await make_env(self._env_fns[i])
                 self._check_rebuilt(i, env)
                 self._is_async[i] = is_async_env(env)
             except Exception as exc:
