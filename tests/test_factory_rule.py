@@ -105,3 +105,12 @@ def test_an_async_factory_that_waits_fails_inline_naming_the_env_and_the_fix(
         open_front_end(front_end, fns, backend="inline")
     assert caught.value.env_index == 1
     assert "backend='process'" in str(caught.value.errors[1])
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+@pytest.mark.parametrize("backend", sorted(SYNC_ONLY_BACKENDS))
+def test_an_async_factory_on_a_sync_only_backend_is_refused_naming_the_fix(
+    front_end: str, backend: str
+) -> None:
+    with pytest.raises(TypeError, match=r"env_fns\[0\]\(\) returned an awaitable.*'inline'"):
+        open_front_end(front_end, [make_loop_bound_env] * 2, backend=backend)
