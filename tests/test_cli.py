@@ -134,7 +134,7 @@ def test_ctrl_c_in_a_terminal_stops_the_demo_cleanly():
                 break
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
-    assert process.returncode == INTERRUPTED
+    assert process.returncode == INTERRUPTED, err
     assert "interrupted" in err
     assert "Traceback" not in err
     assert "speed-up" not in out
