@@ -9,6 +9,7 @@ vector env's ``send``/``recv`` machinery and its lifecycle table.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -69,8 +70,9 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         backend_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._runner = Runner()
-        try:
-            self.vector_env: AsyncioVectorEnv[Any, Any] = AsyncioVectorEnv(
+        try:  # built on the runner's loop, as the await API builds it on the caller's
+            build = functools.partial(
+                AsyncioVectorEnv,
                 env_fns,
                 backend=backend,
                 num_workers=num_workers,
@@ -82,6 +84,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                 max_concurrency=max_concurrency,
                 backend_options=backend_options,
             )
+            self.vector_env: AsyncioVectorEnv[Any, Any] = self._runner.run(_call(build))
         except BaseException:
             self._runner.close()
             raise

@@ -26,6 +26,11 @@ Two strategies, chosen once, when the runner is made:
     default loop, whose clock is ``time.monotonic``: uvloop caches its clock
     between iterations, so timers started outside it can fire early.
 
+The blocking front end also *builds* its vector env through `Runner.run`, so
+env factories run on the loop that will run their envs (the factory rule).  A
+Ctrl-C while the loop itself is being made is held until it is whole
+(`_ctrl_c_deferred`).
+
 ``loop-thread`` (a loop already runs in this thread, e.g. Jupyter)
     The runner starts an anyio blocking portal: an event loop on a thread of
     its own, and each call runs there (a round trip between threads per call).
@@ -106,13 +111,16 @@ class Runner:
                 "envs on a helper thread) or use AsyncioVectorEnv with `await`"
             )
         if self._fast:
-            loop = self._loop or self._first_loop()
-            asyncio._set_running_loop(loop)
-            try:
+            try:  # a Ctrl-C at any bytecode from here closes coro and leaves no loop marked
+                loop = self._loop or self._first_loop()
+                asyncio._set_running_loop(loop)
                 first = coro.send(None)
             except StopIteration as stop:
                 result: T = stop.value
                 return result
+            except BaseException:
+                coro.close()  # perhaps never started (Ctrl-C before the send)
+                raise
             finally:
                 asyncio._set_running_loop(None)
             return cast(T, self._run_on_loop(Resume(coro, first)))
@@ -140,12 +148,14 @@ class Runner:
         if threading.get_ident() != threading.main_thread().ident:
             return None  # signal handlers run in the main thread only: nothing to wake here
         if self._wakeup is None:
-            self._wakeup = _SignalWakeup(loop)
+            with _ctrl_c_deferred():  # never half made
+                self._wakeup = _SignalWakeup(loop)
         return self._wakeup
 
     def _first_loop(self) -> asyncio.AbstractEventLoop:
         assert self._runner is not None
-        self._loop = self._runner.get_loop()
+        with _ctrl_c_deferred():  # a loop interrupted half-way through its __init__ is broken
+            self._loop = self._runner.get_loop()
         return self._loop
 
     def _run_in_portal(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -174,6 +184,29 @@ class Runner:
             self._runner.close()
         if self._portal_cm is not None:
             self._portal_cm.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Hold a SIGINT that comes during the block, and deliver it as the block ends.
+
+    For set-up that a ``KeyboardInterrupt`` must not cut in half (an event loop's
+    ``__init__``).  Python runs signal handlers in the main thread only, so
+    elsewhere there is nothing to defer.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[Any] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, caught[0])  # KeyboardInterrupt, for the default handler
+        elif caught and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 class _SignalWakeup:

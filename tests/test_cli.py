@@ -134,7 +134,7 @@ def test_ctrl_c_in_a_terminal_stops_the_demo_cleanly():
                 break
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
-    assert process.returncode == INTERRUPTED
+    assert process.returncode == INTERRUPTED, err
     assert "interrupted" in err
     assert "Traceback" not in err
     assert "speed-up" not in out
@@ -161,6 +161,7 @@ def test_demo_refuses_bad_options(capsys, args, message):
 
 ENVS_PY = """
 import asyncio
+import time
 
 import gymnasium
 import numpy as np
@@ -193,6 +194,26 @@ class AsyncCounter:
         pass
 
 
+class Sized(Counter):
+    def __init__(self, size, level="easy"):
+        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (size,), np.float32)
+        self.level = level
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        assert self.level == "hard"
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(self.observation_space.shape, np.float32), 1.0, False, False, {}
+
+
+class Blocking(Counter):
+    def step(self, action):
+        time.sleep(0.002)  # a blocking request
+        return super().step(action)
+
+
 class Crashing(Counter):
     def step(self, action):
         raise ZeroDivisionError("the physics blew up")
@@ -204,6 +225,10 @@ def make_env():
 
 def make_async_env():
     return AsyncCounter()
+
+
+def make_blocking_env():
+    return Blocking()
 
 
 def make_crashing_env():
@@ -246,10 +271,12 @@ def test_bench_measures_a_factory_from_a_user_file_on_every_backend(envs_py, cap
         assert table.count(f"\n{kind} ") == 2, kind  # num_envs 2 and 4
     assert "failed" not in out  # the worker processes got the factory by value
     assert "ray: " in out  # skipped, with the reason
-    assert "Fastest: " in out
+    assert "Recommended: " in out
     assert "aiovec.AsyncioVectorEnv([make_env] * " in out
-    assert "<- fastest" in out
+    assert "median of 3 interleaved repeats" in out
+    assert out.count("<- recommended") == 1
     assert "MiB" in out
+    assert "blocking env" not in out
 
 
 def test_bench_imports_module_colon_factory(envs_py, monkeypatch, capsys):
@@ -303,7 +330,29 @@ def test_bench_explains_a_bad_factory_in_one_paragraph(envs_py, capsys, factory,
 def test_bench_lists_the_callables_a_file_defines(envs_py, capsys):
     main(["bench", f"{envs_py}:nope"])
     err = capsys.readouterr().err
-    assert "broken, make_async_env, make_crashing_env, make_env, needs_arg, not_an_env" in err
+    assert "make_async_env, make_blocking_env, make_crashing_env, make_env, needs_arg" in err
+
+
+def test_bench_passes_env_kwargs_to_the_factory(envs_py, capsys):
+    kwargs = '{"size": 5, "level": "hard"}'
+    args = ["bench", f"{envs_py}:Sized", *FAST, "--backends", "inline,process", "--workers", "1"]
+    assert main([*args, "--env-kwargs", kwargs]) == 0
+    out = capsys.readouterr().out
+    assert "failed" not in out  # the workers got the bound arguments too
+    assert "[lambda: Sized(size=5, level='hard')] * " in out
+
+
+def test_bench_without_the_kwargs_a_factory_needs_says_how_to_pass_them(envs_py, capsys):
+    assert main(["bench", f"{envs_py}:needs_arg"]) == 2
+    assert "pass them with --env-kwargs" in capsys.readouterr().err
+
+
+def test_bench_warns_when_a_blocking_env_runs_inline(envs_py, capsys):
+    args = ["bench", f"{envs_py}:make_blocking_env", *FAST, "--backends", "inline,thread"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "Warning: make_blocking_env looks like a blocking env. On inline with" in out
+    assert 'Use backend="thread"' in out
 
 
 def test_bench_traceback_flag_shows_where_the_factory_failed(envs_py, capsys):
@@ -372,6 +421,12 @@ def test_bench_plot_without_matplotlib_says_what_to_install(envs_py, tmp_path, m
         (["--num-envs", "8,0"], "--num-envs: expected an int >= 1, got 0"),
         (["--backends", "inline,gpu"], "--backends: expected comma-separated backends among"),
         (["--seconds", "0"], "--seconds: expected a number > 0, got 0"),
+        (["--repeats", "2"], "--repeats: expected at least 3 (a spread and the tie rule"),
+        (["--env-kwargs", "size=7"], "--env-kwargs: expected a JSON object such as"),
+        (
+            ["--env-kwargs", "[7]"],
+            "--env-kwargs: expected a JSON object such as '{\"size\": 7}', got list",
+        ),
     ],
 )
 def test_bench_refuses_bad_options(capsys, args, message):
@@ -393,28 +448,119 @@ def test_plan_covers_backends_sizes_and_worker_counts():
     assert skipped[0].startswith("ray: ")
 
 
-def result(backend, num_envs, seconds, workers=None):
-    return bench.Result(bench.Config(backend, num_envs, workers), StepTimes(num_envs, seconds))
+def result(backend, num_envs, rates, workers=None):
+    """A measured result whose repeats ran at ``rates`` env-steps/s (one step each)."""
+    repeats = tuple(StepTimes(num_envs, (num_envs / rate,)) for rate in rates)
+    return bench.Result(bench.Config(backend, num_envs, workers), repeats)
 
 
-def test_recommendation_names_the_fastest_and_the_best_per_size():
-    factory = bench.Factory("envs.py:make", "make", object)
+def test_the_rate_is_the_median_of_the_repeats_and_the_spread_half_their_range():
+    measured = result("inline", 8, (900.0, 1000.0, 1200.0))
+    assert measured.rates == pytest.approx((900.0, 1000.0, 1200.0))
+    assert measured.rate == pytest.approx(1000.0)
+    assert measured.spread == pytest.approx(0.15)
+    failed = bench.Result(bench.Config("inline", 8), error=RuntimeError("x"))
+    assert (failed.rates, failed.rate, failed.times) == ((), 0.0, None)
+
+
+def test_merge_keeps_every_repeat_the_highest_peak_and_the_first_error():
+    config = bench.Config("inline", 4)
+    one, two = StepTimes(4, (0.01,)), StepTimes(4, (0.02,))
+    boom = RuntimeError("boom")
+    merged = bench.merge([bench.Result(config, (one,), 10), bench.Result(config, (two,), 30)])
+    assert (merged.repeats, merged.peak_rss, merged.error) == ((one, two), 30, None)
+    failed = bench.merge([bench.Result(config, (one,), 10), bench.Result(config, error=boom)])
+    assert failed.error is boom
+    assert failed.times is None
+
+
+def test_within_noise_means_the_ranges_of_the_repeats_overlap():
+    assert bench.within_noise([90, 100, 110], [105, 120, 130])
+    assert bench.within_noise([105, 120, 130], [90, 100, 110])
+    assert not bench.within_noise([90, 100, 104], [105, 120, 130])  # slower in every repeat
+
+
+def test_the_tie_rule_recommends_the_simplest_within_the_noise_of_the_fastest():
+    inline = result("inline", 8, (980.0, 1000.0, 1020.0))
+    process = result("process", 8, (990.0, 1040.0, 1060.0), workers=2)  # faster median
+    thread = result("thread", 8, (700.0, 710.0, 720.0))  # surely slower
+    choice = bench.choose([process, thread, inline])
+    assert choice is not None
+    assert choice.fastest is process
+    assert choice.pick is inline
+    assert choice.tied == (process,)
+    text = bench.recommend([process, thread, inline], bench.Factory("e.py:make", "make", object))
+    assert text.splitlines()[:3] == [
+        "Recommended: inline with 8 envs, 1,000 env-steps/s +/-2%:",
+        '    aiovec.AsyncioVectorEnv([make] * 8, backend="inline")',
+        "  Tied: the fastest, process, 2 workers with 8 envs (1,040 env-steps/s +/-3%), is "
+        "within the noise of it (their repeats overlap), so the simpler configuration is "
+        "recommended.",
+    ]
+    assert "8 envs: inline, 1,000 env-steps/s +/-2% (tied with process, 2 workers: the " in text
+
+
+def test_the_tie_rule_keeps_a_configuration_faster_in_every_repeat():
+    inline = result("inline", 8, (980.0, 1000.0, 1030.0))
+    process = result("process", 8, (1100.0, 1200.0, 1250.0), workers=2)
+    choice = bench.choose([inline, process])
+    assert choice is not None
+    assert (choice.pick, choice.tied) == (process, ())
+
+
+def test_simplicity_orders_backends_then_workers_then_envs():
+    configs = [
+        bench.Config("ray", 8),
+        bench.Config("process", 8, 2),
+        bench.Config("process", 8, 1),
+        bench.Config("process", 4, 1),
+        bench.Config("thread", 8),
+        bench.Config("inline", 32),
+        bench.Config("inline", 8),
+    ]
+    assert sorted(configs, key=bench.simplicity) == configs[::-1]
+
+
+@pytest.mark.parametrize(
+    ("wall", "cpu", "env_steps", "blocking"),
+    [
+        (1.0, 0.05, 64, True),  # 95% off the CPU, ~15 ms per env-step: waiting in calls
+        (1.0, 0.95, 64, False),  # on the CPU: a CPU-bound env
+        (1.0, 0.40, 10_000, False),  # mostly off the CPU, but 60 us per env-step: noise
+        (1.0, 0.55, 64, False),  # less than half off the CPU
+    ],
+)
+def test_looks_blocking(wall, cpu, env_steps, blocking):
+    assert bench.looks_blocking(wall, cpu, env_steps) is blocking
+
+
+def test_recommendation_names_the_best_per_size_and_the_factory_with_its_kwargs():
+    factory = bench.Factory("envs.py:make", "make", object, {"size": 7})
     results = [
-        result("inline", 8, (0.004, 0.004)),  # 2,000 env-steps/s
-        result("process", 8, (0.002, 0.002), workers=2),  # 4,000
-        result("inline", 32, (0.004, 0.004)),  # 8,000
+        result("inline", 8, (2000.0, 2000.0, 2000.0)),
+        result("process", 8, (4000.0, 4100.0, 4200.0), workers=2),
+        result("inline", 32, (8000.0, 8100.0, 8200.0)),
         bench.Result(bench.Config("thread", 32), error=RuntimeError("boom")),
     ]
     text = bench.recommend(results, factory)
     assert text.splitlines()[:2] == [
-        "Fastest: inline with 32 envs, 8,000 env-steps/s:",
-        '    aiovec.AsyncioVectorEnv([make] * 32, backend="inline")',
+        "Recommended: inline with 32 envs, 8,100 env-steps/s +/-1%:",
+        '    aiovec.AsyncioVectorEnv([lambda: make(size=7)] * 32, backend="inline")',
     ]
-    assert "8 envs: process, 2 workers, 4,000 env-steps/s (2.0x inline)" in text
-    assert "32 envs: inline, 8,000 env-steps/s" in text
+    assert "8 envs: process, 2 workers, 4,100 env-steps/s +/-2% (2.0x inline)" in text
+    assert "32 envs: inline, 8,100 env-steps/s +/-1%" in text
     table = bench.render(results, ["ray: planned"], factory)
     assert "failed: RuntimeError: boom" in table
     assert "Skipped: ray: planned." in table
+
+
+def test_the_table_has_no_rule_under_the_note_column():
+    factory = bench.Factory("envs.py:make", "make", object)
+    table = bench.render([result("inline", 8, (1.0e3, 1.0e3, 1.0e3))], [], factory)
+    header, rule = table.splitlines()[2:4]
+    assert header.endswith("peak RSS")
+    assert rule.endswith("--------")  # under "peak RSS", and nothing after it
+    assert len(rule) == len(header)
 
 
 def test_recommendation_when_everything_failed():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from typing import Any
 
-__all__ = ("int_list", "non_negative_float", "positive_float", "positive_int")
+__all__ = ("int_list", "json_object", "non_negative_float", "positive_float", "positive_int")
 
 
 def positive_int(text: str) -> int:
@@ -51,3 +53,15 @@ def int_list(text: str) -> tuple[int, ...]:
     if not parts:
         raise argparse.ArgumentTypeError(f"expected comma-separated ints >= 1, got {text!r}")
     return tuple(sorted({positive_int(part) for part in parts}))
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object, e.g. ``{"size": 7, "level": "hard"}``."""
+    expected = "expected a JSON object such as '{\"size\": 7}'"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r} ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{expected}, got {type(value).__name__} {text}")
+    return value

@@ -7,6 +7,7 @@ Theory of operation
    is loaded from that file, its folder put first on ``sys.path`` (as when the
    file is run as a script) and the module registered with cloudpickle to
    travel *by value*, so worker processes need not be able to import it.
+   ``--env-kwargs`` (a JSON object) are bound to it.
 2. **Probe**: the factory is called once, here, and what it returns is checked
    to be an env (sync or async) and closed.  Anything wrong so far is one
    paragraph (`FactoryError`) naming the factory, what went wrong and
@@ -15,36 +16,58 @@ Theory of operation
    ``process``).  A backend that cannot run here (``thread`` for async envs, a
    backend not in this release, a missing optional dependency) is listed as
    skipped, with the reason.
-4. **Measure** each configuration through the await API, on a fresh event
-   loop: build, ``reset(seed=0)``, one untimed step, then timed steps (seeded
-   random actions) for ``--seconds`` (at least 3 steps), sampling the resident
-   memory of this process and its workers.  A configuration that fails is a
-   row saying why; the others still run.
-5. **Report**: a table, the fastest configuration with the line of code that
-   builds it, the best backend for each ``num_envs`` and, with ``--plot``,
-   env-steps per second against ``num_envs``, one line per backend.
+4. **Measure** each configuration ``--repeats`` times (3 by default),
+   *interleaved*: every configuration once, then every one again, so that a
+   slow spell of the machine hits all of them rather than one.  A repeat runs
+   through the await API on a fresh event loop: build, ``reset(seed=0)``, one
+   untimed step, then timed steps (seeded random actions) for its share of
+   ``--seconds`` (at least 3 steps), sampling the resident memory of this
+   process and its workers.  A configuration that fails is a row saying why
+   (its later repeats are skipped); the others still run.
+5. **Report**: a table (the median rate over the repeats and its spread), the
+   recommended configuration with the line of code that builds it, the best
+   backend for each ``num_envs`` and, with ``--plot``, env-steps per second
+   against ``num_envs``, one line per backend.
+
+The tie rule (`choose`): the fastest configuration is the one with the highest
+median; every configuration whose range of rates over the repeats overlaps the
+fastest one's is *within the noise* of it, and the simplest of those (`simplicity`:
+inline, thread, process, ray; then fewer workers; then fewer envs) is the one
+recommended, saying so.  Two runs on the same env thus recommend the same
+configuration, or say that the two are tied.
+
+The blocking-env warning (`looks_blocking`): a synchronous env on the inline
+backend runs in the loop's own thread, so its calls are timed against this
+thread's CPU time too.  When most of an inline step's wall time is spent off the
+CPU (``BLOCKING_IDLE``) and that is at least ``BLOCKING_WAIT`` per env-step, the
+env waits in blocking calls (a socket, HTTP, ``time.sleep``): on inline it stalls
+every other env, and the report says to use ``backend="thread"``.  A CPU-bound env
+is on the CPU, so it is never flagged; a machine so busy that this thread waits
+for a core half the time could flag one (the warning says what it measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib
 import importlib.util
 import inspect
 import os
+import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
 import aiovec
-from aiovec._cli.args import int_list, positive_float
+from aiovec._cli.args import int_list, json_object, positive_float, positive_int
 from aiovec._cli.memory import PeakMemory
 from aiovec._cli.report import Progress, StepTimes, format_table
 from aiovec._core.validate import BACKENDS, usable_cpus
@@ -52,22 +75,32 @@ from aiovec.backends import load_backend
 from aiovec.backends._base import check_env
 
 __all__ = (
+    "Choice",
     "Config",
     "Factory",
     "FactoryError",
     "Result",
     "add_parser",
+    "choose",
     "load_factory",
+    "looks_blocking",
     "measure",
+    "merge",
     "plan",
     "plot",
     "probe",
     "recommend",
     "render",
     "run",
+    "simplicity",
+    "within_noise",
 )
 
 MIN_STEPS = 3
+MIN_REPEATS = 3
+BLOCKING_IDLE = 0.5  # share of an inline step's wall time off the CPU ...
+BLOCKING_WAIT = 0.5e-3  # ... and at least this many seconds of it per env-step
+SIMPLER = ("inline", "thread", "process", "ray")  # simplest first
 ACTION_POOL = 16  # action batches sampled up front and replayed
 USAGE_ERROR = 2
 _FACTORY_HELP = (
@@ -87,6 +120,15 @@ class Factory:
     target: str
     name: str
     make: Callable[[], Any]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def expression(self) -> str:
+        """How the recommended code spells the factory (its ``--env-kwargs`` bound)."""
+        if not self.kwargs:
+            return self.name
+        bound = ", ".join(f"{key}={value!r}" for key, value in self.kwargs.items())
+        return f"lambda: {self.name}({bound})"
 
 
 @dataclass(frozen=True)
@@ -115,19 +157,55 @@ class Config:
 
 @dataclass(frozen=True)
 class Result:
-    """What one configuration measured, or why it failed."""
+    """What one configuration measured over its repeats, or why it failed."""
 
     config: Config
-    times: StepTimes | None = None
+    repeats: tuple[StepTimes, ...] = ()
     peak_rss: int | None = None
     error: BaseException | None = None
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """Env-steps per second of each repeat (none if it failed)."""
+        return () if self.error is not None else tuple(t.rate for t in self.repeats)
+
+    @property
+    def rate(self) -> float:
+        """The median of `rates` (0 if it failed)."""
+        return statistics.median(self.rates) if self.rates else 0.0
+
+    @property
+    def spread(self) -> float:
+        """Half the range of `rates`, as a fraction of the median."""
+        rates = self.rates
+        return (max(rates) - min(rates)) / 2 / self.rate if rates and self.rate else 0.0
+
+    @property
+    def times(self) -> StepTimes | None:
+        """Every repeat's step times together (``None`` if it failed)."""
+        if not self.rates:
+            return None
+        seconds = tuple(t for run in self.repeats for t in run.seconds)
+        return StepTimes(self.config.num_envs, seconds)
+
+
+def merge(parts: Sequence[Result]) -> Result:
+    """The repeats of one configuration as one result (failed if any repeat failed)."""
+    errors = [part.error for part in parts if part.error is not None]
+    peaks = [part.peak_rss for part in parts if part.peak_rss is not None]
+    return Result(
+        parts[0].config,
+        tuple(run for part in parts for run in part.repeats),
+        max(peaks, default=None),
+        errors[0] if errors else None,
+    )
 
 
 # --------------------------------------------------------------------------- load and probe
 
 
-def load_factory(target: str) -> Factory:
-    """Import ``MODULE:FACTORY`` or load ``path/to/file.py:FACTORY``.
+def load_factory(target: str, kwargs: Mapping[str, Any] | None = None) -> Factory:
+    """Import ``MODULE:FACTORY`` or load ``path/to/file.py:FACTORY``; bind ``kwargs`` to it.
 
     Raises:
         FactoryError: The target is malformed, the module or file cannot be
@@ -152,7 +230,9 @@ def load_factory(target: str) -> Factory:
         obj = getattr(obj, part)
     if not callable(obj):
         raise FactoryError(f"{target} is not callable (it is {_short(repr(obj))}). {_FACTORY_HELP}")
-    return Factory(target, name, obj)
+    if not kwargs:
+        return Factory(target, name, obj)
+    return Factory(target, name, functools.partial(obj, **kwargs), dict(kwargs))
 
 
 def _import(module_name: str) -> Any:
@@ -201,7 +281,10 @@ def probe(factory: Factory) -> str:
     except Exception as exc:
         hint = ""
         if isinstance(exc, TypeError) and "argument" in str(exc):
-            hint = " It must take no arguments: bind them in a function of your own."
+            hint = (
+                " It must take no arguments: pass them with --env-kwargs "
+                "(e.g. '{\"size\": 7}') or bind them in a function of your own."
+            )
         raise FactoryError(
             _failed(f"calling {factory.name}()", exc) + hint + " " + _FACTORY_HELP
         ) from exc
@@ -267,13 +350,13 @@ def _unavailable(backend: str, kind: str) -> str:
 
 
 def measure(factory: Factory, config: Config, seconds: float) -> Result:
-    """Measure one configuration; a failure becomes a result carrying the error."""
+    """Measure one repeat of one configuration; a failure becomes a result carrying the error."""
     memory = PeakMemory()
     try:
         times = asyncio.run(_measure(factory, config, seconds, memory))
     except Exception as exc:
         return Result(config, error=exc)
-    return Result(config, times, memory.peak)
+    return Result(config, (times,), memory.peak)
 
 
 async def _measure(
@@ -290,81 +373,172 @@ async def _measure(
         memory.sample()
         times: list[float] = []
         deadline = time.perf_counter() + seconds
+        cpu = time.thread_time()  # inline sync envs run in this thread: see looks_blocking
         while len(times) < MIN_STEPS or time.perf_counter() < deadline:
             start = time.perf_counter()
             await venv.step(actions[len(times) % ACTION_POOL])
             times.append(time.perf_counter() - start)
             memory.maybe_sample()
+        cpu = time.thread_time() - cpu
         memory.sample()
-        return StepTimes(config.num_envs, tuple(times))
+        return StepTimes(config.num_envs, tuple(times), cpu)
 
 
 # --------------------------------------------------------------------------- report
 
 
-def render(results: Sequence[Result], skipped: Sequence[str], factory: Factory) -> str:
-    """The table, the skipped backends and the recommendation."""
-    best = _best(results)
-    rows = [_row(result, result is best) for result in results]
-    header = ["backend", "num_envs", "env-steps/s", "step p50", "step p99", "peak RSS", ""]
-    parts = [f"{factory.target}: env-steps per second through the await API", ""]
-    parts.append(format_table(header, rows))
+def within_noise(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two configurations' rates over their repeats overlap (neither is surely faster)."""
+    return min(a) <= max(b) and min(b) <= max(a)
+
+
+def simplicity(config: Config) -> tuple[int, int, int]:
+    """A sort key, simplest first: the backend (`SIMPLER`), then fewer workers, then fewer envs."""
+    rank = SIMPLER.index(config.backend) if config.backend in SIMPLER else len(SIMPLER)
+    return rank, config.num_workers or 0, config.num_envs
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The tie rule's answer: what to recommend, the fastest, and the others tied with it."""
+
+    pick: Result
+    fastest: Result
+    tied: tuple[Result, ...]  # within the noise of the fastest, other than ``pick``
+
+
+def choose(results: Sequence[Result]) -> Choice | None:
+    """The simplest configuration within the noise of the fastest (highest median); see above."""
+    measured = [r for r in results if r.rates]
+    if not measured:
+        return None
+    fastest = max(measured, key=lambda r: r.rate)
+    tied = [r for r in measured if within_noise(r.rates, fastest.rates)]
+    pick = min(tied, key=lambda r: simplicity(r.config))
+    return Choice(pick, fastest, tuple(r for r in tied if r is not pick))
+
+
+def looks_blocking(wall: float, cpu: float, env_steps: int) -> bool:
+    """Whether inline steps of a sync env spent their time waiting in blocking calls.
+
+    Args:
+        wall: Wall-clock seconds of the timed steps.
+        cpu: CPU seconds of the loop's thread over those steps.
+        env_steps: Env-steps they made (steps times ``num_envs``).
+    """
+    idle = wall - cpu
+    return idle > BLOCKING_IDLE * wall and idle >= BLOCKING_WAIT * env_steps
+
+
+def _blocking_warning(results: Sequence[Result], factory: Factory) -> str:
+    for result in results:
+        runs = [t for t in result.repeats if t.cpu_seconds is not None]
+        if result.config.backend != "inline" or not result.rates or not runs:
+            continue
+        wall = sum(sum(t.seconds) for t in runs)
+        cpu = sum(t.cpu_seconds or 0.0 for t in runs)
+        env_steps = sum(t.num_envs * t.steps for t in runs)
+        if looks_blocking(wall, cpu, env_steps):
+            return (
+                f"Warning: {factory.name} looks like a blocking env. On inline with "
+                f"{result.config.num_envs} envs, {1 - cpu / wall:.0%} of the step time was spent "
+                f"off the CPU ({(wall - cpu) / env_steps * 1e3:.2f} ms per env-step): a "
+                "synchronous env that waits (a socket, HTTP, time.sleep) blocks the event "
+                'loop, and every other env with it. Use backend="thread", or write the env '
+                "as an aiovec.AsyncEnv."
+            )
+    return ""
+
+
+def render(
+    results: Sequence[Result], skipped: Sequence[str], factory: Factory, kind: str = "sync"
+) -> str:
+    """The table, the skipped backends, the recommendation and any warning."""
+    choice = choose(results)
+    rows = [_row(result, choice) for result in results]
+    header = [
+        "backend", "num_envs", "env-steps/s", "spread", "step p50", "step p99", "peak RSS", ""
+    ]  # fmt: skip
+    repeats = max((len(r.repeats) for r in results), default=0)
+    parts = [
+        f"{factory.target}: env-steps per second through the await API "
+        f"(median of {repeats} interleaved repeats, +/- half their range)",
+        "",
+        format_table(header, rows),
+    ]
     if skipped:
         parts += ["", "Skipped: " + "; ".join(skipped) + "."]
     parts += ["", recommend(results, factory)]
+    warning = _blocking_warning(results, factory) if kind == "sync" else ""
+    if warning:
+        parts += ["", warning]
     return "\n".join(parts)
 
 
-def _row(result: Result, best: bool) -> list[str]:
+def _row(result: Result, choice: Choice | None) -> list[str]:
     config = result.config
-    if result.times is None:
-        return [config.kind, str(config.num_envs), "-", "-", "-", "-", f"failed: {_why(result)}"]
     times = result.times
+    if times is None:
+        why = f"failed: {_why(result)}"
+        return [config.kind, str(config.num_envs), "-", "-", "-", "-", "-", why]
     rss = "n/a" if result.peak_rss is None else f"{result.peak_rss / 2**20:,.0f} MiB"
+    note = ""
+    if choice is not None and result is choice.pick:
+        note = "<- recommended"
+    elif choice is not None and result is choice.fastest:
+        note = "fastest, tied"
     return [
         config.kind,
         str(config.num_envs),
-        f"{times.rate:,.0f}",
+        f"{result.rate:,.0f}",
+        f"+/-{result.spread:.0%}",
         f"{times.percentile_ms(50):.2f} ms",
         f"{times.percentile_ms(99):.2f} ms",
         rss,
-        "<- fastest" if best else "",
+        note,
     ]
 
 
-def _best(results: Sequence[Result]) -> Result | None:
-    measured = [r for r in results if r.times is not None]
-    return max(measured, key=_rate, default=None)
-
-
-def _rate(result: Result) -> float:
-    return result.times.rate if result.times is not None else 0.0
+def _described(result: Result) -> str:
+    return f"{result.config.kind}, {result.rate:,.0f} env-steps/s +/-{result.spread:.0%}"
 
 
 def recommend(results: Sequence[Result], factory: Factory) -> str:
-    """The fastest configuration, its code, and the best backend for each ``num_envs``."""
-    best = _best(results)
-    if best is None:
+    """The recommended configuration, its code, and the best backend for each ``num_envs``."""
+    choice = choose(results)
+    if choice is None:
         return "Every configuration failed: see the reasons above (--traceback shows where)."
-    assert best.times is not None
+    pick = choice.pick
     lines = [
-        f"Fastest: {best.config.kind} with {best.config.num_envs} envs, "
-        f"{best.times.rate:,.0f} env-steps/s:",
-        f"    {best.config.code(factory.name)}",
+        f"Recommended: {pick.config.kind} with {pick.config.num_envs} envs, "
+        f"{pick.rate:,.0f} env-steps/s +/-{pick.spread:.0%}:",
+        f"    {pick.config.code(factory.expression)}",
+    ]
+    if pick is not choice.fastest:
+        fastest = choice.fastest
+        lines.append(
+            f"  Tied: the fastest, {fastest.config.kind} with {fastest.config.num_envs} envs "
+            f"({fastest.rate:,.0f} env-steps/s +/-{fastest.spread:.0%}), is within the noise of "
+            "it (their repeats overlap), so the simpler configuration is recommended."
+        )
+    lines += [
         "",
         "Best backend for each num_envs (more envs per step: more throughput, and a "
         "bigger batch for your learner):",
     ]
     for n in sorted({r.config.num_envs for r in results}):
-        same_n = [r for r in results if r.config.num_envs == n and r.times is not None]
-        if not same_n:
+        per_size = choose([r for r in results if r.config.num_envs == n])
+        if per_size is None:
             continue
-        top = max(same_n, key=_rate)
-        inline = next((r for r in same_n if r.config.backend == "inline"), None)
+        top = per_size.pick
+        inline = next((r for r in results if r.config == Config("inline", n) and r.rates), None)
         versus = ""
-        if inline is not None and inline is not top:
-            versus = f" ({_rate(top) / _rate(inline):.1f}x inline)"
-        lines.append(f"  {n:>6} envs: {top.config.kind}, {_rate(top):,.0f} env-steps/s{versus}")
+        if per_size.tied:
+            others = ", ".join(r.config.kind for r in per_size.tied)
+            versus = f" (tied with {others}: the simplest is shown)"
+        elif inline is not None and inline is not top:
+            versus = f" ({top.rate / inline.rate:.1f}x inline)"
+        lines.append(f"  {n:>6} envs: {_described(top)}{versus}")
     return "\n".join(lines)
 
 
@@ -375,9 +549,7 @@ def plot(results: Sequence[Result], path: Path, title: str) -> None:
     figure = Figure(figsize=(6.4, 4.0), layout="constrained")
     axes = figure.add_subplot()
     for kind in dict.fromkeys(r.config.kind for r in results):
-        points = [
-            (r.config.num_envs, _rate(r)) for r in results if r.config.kind == kind and r.times
-        ]
+        points = [(r.config.num_envs, r.rate) for r in results if r.config.kind == kind and r.times]
         if points:
             xs, ys = zip(*points, strict=True)
             axes.plot(xs, ys, marker="o", label=kind)
@@ -453,7 +625,20 @@ def add_parser(commands: Any) -> None:
         "--seconds",
         type=positive_float,
         default=1.0,
-        help="seconds of timed steps per configuration (default: 1)",
+        help="seconds of timed steps per configuration, shared by its repeats (default: 1)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_repeats,
+        default=MIN_REPEATS,
+        help=f"interleaved repeats per configuration (default and least: {MIN_REPEATS})",
+    )
+    parser.add_argument(
+        "--env-kwargs",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help="keyword arguments for the factory, a JSON object: e.g. '{\"size\": 7}'",
     )
     parser.add_argument(
         "--plot", type=Path, metavar="FILE.png", help="draw env-steps/s vs num_envs"
@@ -462,6 +647,15 @@ def add_parser(commands: Any) -> None:
         "--traceback", action="store_true", help="show the traceback of a failing factory or env"
     )
     parser.set_defaults(run=run)
+
+
+def _repeats(text: str) -> int:
+    value = positive_int(text)
+    if value < MIN_REPEATS:
+        raise argparse.ArgumentTypeError(
+            f"expected at least {MIN_REPEATS} (a spread and the tie rule need them), got {value}"
+        )
+    return value
 
 
 def _backend_list(text: str) -> tuple[str, ...]:
@@ -483,19 +677,21 @@ def run(args: argparse.Namespace) -> int:
         )
         return USAGE_ERROR
     try:
-        factory = load_factory(args.target)
+        factory = load_factory(args.target, args.env_kwargs)
         kind = probe(factory)
     except FactoryError as exc:
         _print_factory_error(exc, args.target, show_traceback=args.traceback)
         return USAGE_ERROR
     configs, skipped = plan(kind, args.backends, args.num_envs, args.workers)
     print(
-        f"Measuring {args.target} ({kind} envs): {len(configs)} configurations, "
-        f"about {args.seconds:g} s of steps each.",
+        f"Measuring {args.target} ({kind} envs): {len(configs)} configurations x "
+        f"{args.repeats} interleaved repeats, about {args.seconds:g} s of steps each.",
         file=sys.stderr,
     )
-    results = _measure_all(factory, configs, args.seconds, show_traceback=args.traceback)
-    print(render(results, skipped, factory))
+    results = _measure_all(
+        factory, configs, args.seconds, args.repeats, show_traceback=args.traceback
+    )
+    print(render(results, skipped, factory, kind))
     if args.plot is not None and any(r.times for r in results):
         plot(results, args.plot, f"aiovec bench {args.target}")
         print(f"\nPlot written to {args.plot}")
@@ -503,27 +699,42 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure_all(
-    factory: Factory, configs: Sequence[Config], seconds: float, *, show_traceback: bool
+    factory: Factory,
+    configs: Sequence[Config],
+    seconds: float,
+    repeats: int,
+    *,
+    show_traceback: bool,
 ) -> list[Result]:
-    progress = Progress(len(configs))
-    results: list[Result] = []
+    """Every configuration once, then again, ``repeats`` times; merged per configuration."""
+    progress = Progress(len(configs) * repeats)
+    parts: dict[Config, list[Result]] = {config: [] for config in configs}
+
+    def merged() -> list[Result]:
+        return [merge(runs) for runs in parts.values() if runs]
+
     try:
-        for config in configs:
-            progress.phase(f"{config.kind}, {config.num_envs} envs")
-            results.append(measure(factory, config, seconds))
-            progress.advance()
-            error = results[-1].error
-            if show_traceback and error is not None:
-                progress.close()
-                traceback.print_exception(error, file=sys.stderr)
+        for repeat in range(repeats):
+            for config in configs:
+                runs = parts[config]
+                if runs and runs[-1].error is not None:  # failed once: not measured again
+                    progress.advance()
+                    continue
+                progress.phase(f"{config.kind}, {config.num_envs} envs ({repeat + 1}/{repeats})")
+                runs.append(measure(factory, config, seconds / repeats))
+                progress.advance()
+                error = runs[-1].error
+                if show_traceback and error is not None:
+                    progress.close()
+                    traceback.print_exception(error, file=sys.stderr)
     except KeyboardInterrupt:
         progress.close()
-        if results:
-            print(render(results, [], factory))
+        if any(parts.values()):
+            print(render(merged(), [], factory))
         raise
     finally:
         progress.close()
-    return results
+    return merged()
 
 
 def _print_factory_error(exc: FactoryError, target: str, *, show_traceback: bool) -> None:

@@ -29,10 +29,13 @@ class StepTimes:
     Attributes:
         num_envs: Envs per vector step.
         seconds: Wall-clock seconds of each timed vector step, in order.
+        cpu_seconds: CPU seconds this thread spent over those steps (``None``:
+            not measured).
     """
 
     num_envs: int
     seconds: tuple[float, ...]
+    cpu_seconds: float | None = None  # this thread's CPU time over the timed steps, if taken
 
     @property
     def steps(self) -> int:
@@ -50,7 +53,10 @@ class StepTimes:
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Align ``rows`` under ``header``: the first column left, the others right."""
+    """Align ``rows`` under ``header``: the first column left, the others right.
+
+    A column whose title is empty (a note) gets no rule under it.
+    """
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
@@ -58,8 +64,9 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
         return "  ".join([first, *rest]).rstrip()
 
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([line(header), rule, *(line(row) for row in rows)])
+    rules = (("-" if title else " ") * width for title, width in zip(header, widths, strict=True))
+    rule = "  ".join(rules)
+    return "\n".join([line(header), rule.rstrip(), *(line(row) for row in rows)])
 
 
 class Progress:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ __all__ = (
     "check_env",
     "check_rebuilt",
     "close_quietly",
+    "make_env",
+    "make_env_now",
 )
 
 Outcomes = tuple[MutableMapping[int, Any], dict[int, BaseException]]
@@ -251,12 +254,46 @@ class Backend(abc.ABC):
         return await self.collect(self.num_envs)
 
 
+async def make_env(fn: Callable[[], Any]) -> Any:
+    """The factory rule: call ``fn`` on the running loop, and await what it returns if awaitable.
+
+    Every backend that runs async envs builds them through this (or `make_env_now`)
+    on the loop that will run them, so an env may open a client session (anything
+    that needs ``asyncio.get_running_loop()``) in its ``__init__``, and an
+    ``async def`` factory may ``await`` its set-up.
+    """
+    env = fn()
+    if inspect.isawaitable(env):
+        env = await env
+    return env
+
+
+def make_env_now(fn: Callable[[], Any], i: int) -> Any:
+    """`make_env` from synchronous code that runs on a loop (a vector env's constructor).
+
+    An ``async def`` factory is driven right here; one that would wait for the
+    loop cannot, since the constructor holds the loop: it fails naming env ``i``.
+    """
+    coro = make_env(fn)
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError(
+        f"env_fns[{i}]() waited (an `await` that suspends) while the vector env was being "
+        "built; the inline backend builds its envs in the constructor, which cannot wait on the "
+        "loop it runs on: build the env without waiting and connect in its first reset(), or use "
+        "backend='process' or 'ray', whose workers await async factories"
+    )
+
+
 def build_envs(env_fns: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Call each factory; on failure, close what was built and raise ``EnvError``."""
+    """Build each env (`make_env_now`); on failure, close what was built and raise ``EnvError``."""
     envs: list[Any] = []
     for i, fn in enumerate(env_fns):
         try:
-            env = fn()
+            env = make_env_now(fn, i)
         except Exception as exc:
             close_quietly(envs)
             raise EnvError({i: exc}, f"env_fns[{i}]()") from exc

@@ -56,7 +56,13 @@ from aiovec._core.calls import Transition, new_step_flow
 from aiovec._core.layout import StepArrays, StepLayout, take_rows
 from aiovec._core.ops import CallOp
 from aiovec._env import is_async_env
-from aiovec.backends._base import EnvTraits, check_env, check_rebuilt, close_quietly
+from aiovec.backends._base import (
+    EnvTraits,
+    check_env,
+    check_rebuilt,
+    close_quietly,
+    make_env,
+)
 from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
 from aiovec.backends._wire import (
     LEAN,
@@ -69,7 +75,7 @@ from aiovec.backends._wire import (
     write_all,
 )
 
-__all__ = ("ATTACH", "CALL", "REBUILD", "STEP", "Group", "GroupFlow", "main")
+__all__ = ("ATTACH", "CALL", "REBUILD", "STEP", "Group", "GroupFlow", "build_flow", "main")
 
 STEP, CALL, REBUILD, ATTACH = "step", "call", "rebuild", "attach"
 Outcome = tuple[Any, BaseException | None]
@@ -127,26 +133,32 @@ class Group:
     loop, and a Ray actor (``ray.py``) awaits the same flows on its loop.
     """
 
-    def __init__(self, fns: Sequence[Callable[[], Any]], first: int, shared_fd: int = -1) -> None:
+    def __init__(
+        self,
+        fns: Sequence[Callable[[], Any]],
+        first: int,
+        shared_fd: int = -1,
+        envs: list[Any] | None = None,
+    ) -> None:
+        """Build the envs ``fns`` on the group's own loop, unless ``envs`` were built already.
+
+        A Ray actor builds them on its running loop (awaiting `build_flow`) and passes them.
+        """
         self.fns, self.first, self.shared_fd = list(fns), first, shared_fd
-        self.envs: list[Any] = []
-        for j in range(len(self.fns)):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        if envs is None:
             try:
-                env = self.fns[j]()
-            except BaseException as exc:
-                close_quietly(self.envs)
-                raise _BuildFailed(first + j, exc, by_factory=True) from exc
-            self.envs.append(env)
-            try:
-                check_env(first + j, env)
-                is_async_env(env)
-            except TypeError as exc:
-                close_quietly(self.envs)
-                raise _BuildFailed(first + j, exc, by_factory=False) from exc
+                envs = self._run(build_flow(self.fns, first))
+            except BaseException:
+                self.close()
+                raise
+        self.envs: list[Any] = envs
         self.is_async = [is_async_env(env) for env in self.envs]
+        if not any(self.is_async):  # sync envs run off the loop: release it until needed
+            self.close()
+            self.loop = None
         self.flows: list[StepFlow | None] = [None] * len(self.envs)
         self.spaces = (self.envs[0].observation_space, self.envs[0].action_space)
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.layout: StepLayout | None = None
         self.buffer: Any = None
         self.arrays: StepArrays | None = None
@@ -430,8 +442,10 @@ class Group:
         for j in locals_:
             yield from self._close(j)
             self.flows[j] = None
+            (env,) = yield [make_env(self.fns[j])]
             try:
-                env = self.fns[j]()
+                if isinstance(env, BaseException):
+                    raise env
                 check_rebuilt(self.first + j, env, *self.spaces)
                 self.is_async[j] = is_async_env(env)
             except Exception as exc:
@@ -452,6 +466,29 @@ class Group:
         """Release the worker's loop (envs were closed by a ``close`` op, or are lost)."""
         if self.loop is not None:
             self.loop.close()
+
+
+def build_flow(fns: Sequence[Callable[[], Any]], first: int) -> GroupFlow[list[Any]]:
+    """Build the envs ``fns`` (the first is env ``first``) together, on the loop (`make_env`).
+
+    Raises:
+        _BuildFailed: for the lowest env whose factory failed or built no env;
+            the envs built are closed.
+    """
+    envs = yield [make_env(fn) for fn in fns]
+    for j, env in enumerate(envs):
+        try:
+            if isinstance(env, BaseException):
+                raise _BuildFailed(first + j, env, by_factory=True) from env
+            try:
+                check_env(first + j, env)
+                is_async_env(env)
+            except TypeError as exc:
+                raise _BuildFailed(first + j, exc, by_factory=False) from exc
+        except _BuildFailed:
+            close_quietly([e for e in envs if not isinstance(e, BaseException)])
+            raise
+    return list(envs)
 
 
 async def gather_outcomes(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:

@@ -24,7 +24,7 @@ from aiovec._core.calls import flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
 from aiovec._log import slow_slice_limit, warn_slow_slice
-from aiovec.backends._base import Backend, EnvTraits, build_envs
+from aiovec.backends._base import Backend, EnvTraits, build_envs, make_env
 from aiovec.backends._drive import (
     StepFlow,
     aclose_quietly,
@@ -162,14 +162,14 @@ class InlineBackend(Backend):
         super()._finish(i, value, error)
 
     async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
-        """Close, then rebuild each env from its factory (in this thread)."""
+        """Close, then rebuild each env from its factory (on this loop: `make_env`)."""
         errors: dict[int, BaseException] = {}
         for i in indices:
             self._lanes.cancel(i)  # an idle lane ends; a new one comes with the next call
             self._flows[i] = None
             await aclose_quietly(self._envs[i])
             try:
-                env = self._env_fns[i]()
+                env = await make_env(self._env_fns[i])
                 self._check_rebuilt(i, env)
                 self._is_async[i] = is_async_env(env)
             except Exception as exc:

@@ -69,6 +69,7 @@ from aiovec.backends._worker import (
     StepReply,
     _BuildFailed,
     _portable,
+    build_flow,
     gather_outcomes,
 )
 from aiovec.backends.process import split
@@ -139,7 +140,8 @@ class _GroupActor:
         """Build the group of envs ``factories`` (the first is env ``first``); as `ready`."""
         self.group = self.raw = None
         try:
-            self.group = Group(cloudpickle.loads(factories), first)
+            fns = cloudpickle.loads(factories)  # built on this loop (the factory rule)
+            self.group = Group(fns, first, envs=await _drive(build_flow(fns, first)))
         except _BuildFailed as failed:
             self.failed = ("failed", failed.index, _portable(failed.error), failed.by_factory)
             return self.failed

@@ -21,6 +21,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import inspect
 import queue
 import threading
 import time
@@ -285,6 +286,14 @@ class ThreadBackend(Backend):
 
 
 def _check_env(i: int, env: Any) -> None:
+    if inspect.isawaitable(env):  # an async factory: there is no loop on an env's thread
+        if inspect.iscoroutine(env):
+            env.close()
+        raise TypeError(
+            f"env_fns[{i}]() returned an awaitable ({type(env).__name__}): an async factory; "
+            "backend='thread' builds synchronous envs on their own threads, where no event "
+            "loop runs: use backend='inline', 'process' or 'ray' for async factories"
+        )
     check_env(i, env)
     if is_async_env(env):
         raise TypeError(
