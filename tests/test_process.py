@@ -18,7 +18,7 @@ from gymnasium import spaces
 
 import aiovec
 from aiovec._core.layout import StepArrays, StepLayout
-from aiovec._runner import Runner, driven_by_hand
+from aiovec._runner import Runner
 from aiovec.backends import _wire, _worker
 from aiovec.backends import process as process_backend
 from aiovec.testing import SpaceEnv
@@ -421,9 +421,9 @@ class Slow(Hang):
         return np.full(2, float(action), np.float32), 1.0, False, False, {}
 
 
-def test_driven_by_hand_only_inside_a_blocking_runner() -> None:
+def test_the_loop_is_parked_only_inside_a_blocking_runner() -> None:
     async def probe() -> bool:
-        return driven_by_hand()
+        return process_backend._loop_parked()
 
     runner = Runner()
     try:

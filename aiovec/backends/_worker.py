@@ -52,6 +52,7 @@ import cloudpickle
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from aiovec._core import validate
 from aiovec._core.calls import Transition, new_step_flow
 from aiovec._core.layout import StepArrays, StepLayout, take_rows
 from aiovec._core.ops import CallOp
@@ -87,11 +88,12 @@ StepReply = tuple[
     dict[int, Transition],
 ]
 
-# Values written to the shared buffer as they are; anything else travels by message
-# so that the parent batches it with the usual rules (and their errors).
-_NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.int64, np.int32, np.bool_})
-_FLAGS = frozenset({bool, np.bool_})
-_DICTS = frozenset({dict})
+# Values written to the shared buffer as they are: exactly the types the parent's
+# step-result check (`validate.step_result_checker`) takes at once.  Anything else
+# travels by message, and the parent checks and batches it with the usual rules.
+_NUMBERS = validate.REWARD_TYPES
+_FLAGS = validate.FLAG_TYPES
+_DICTS = validate.DICT_TYPES
 _ARRAYS = frozenset({np.ndarray})
 
 

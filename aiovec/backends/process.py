@@ -25,9 +25,11 @@ whose actions fit the buffer is the *lean step* (``_wire.py``): the reset flags
 go into the buffer too, each worker gets a 10-byte request, and a worker with
 nothing to say beyond the buffer answers with 9 bytes.
 
-A ``BlockingVectorEnv`` drives its coroutine outside its private loop
-(`driven_by_hand`): nothing else can run there, so `collect` waits in ``poll``
-on the pipes and sentinels itself, without a task or a loop iteration.  For a
+When the running loop is *parked* (marked as this thread's running loop but
+not running: a blocking caller drives the coroutine by hand, see
+`_loop_parked`), nothing else can run on it, so `collect` waits in ``poll`` on
+the pipes and sentinels itself, without a task or a loop iteration.  The
+backend asks the loop, not who drives it.  For a
 whole step it listens to the newest request's worker first and reads the
 others after it: one wake-up per step.  Replies that are exactly the expected
 lean replies are taken as they are and the step is delivered as one block;
@@ -75,7 +77,6 @@ from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
-from aiovec._runner import driven_by_hand
 from aiovec.backends import _worker
 from aiovec.backends._base import Backend, EnvTraits
 from aiovec.backends._wire import (
@@ -631,7 +632,7 @@ class ProcessBackend(Backend):
             out.append((worker, lean_step(seq, mode)))
             lean.append((worker, seq, lean_reply(seq)))
         self._lean = lean
-        if not driven_by_hand():  # the loop delivers each reply: no lean wait
+        if not _loop_parked():  # the loop delivers each reply: no lean wait
             self._settle_lean()
         for worker, data in out:
             try:
@@ -724,12 +725,12 @@ class ProcessBackend(Backend):
     ) -> tuple[Any, dict[int, BaseException]]:
         """As `Backend.collect`; a blocking caller's wait is a plain ``poll``.
 
-        Driven by hand by a blocking `Runner` (`driven_by_hand`), nothing else
-        can run on the loop meanwhile, and every outcome comes through this
-        backend's own pipes and sentinels: waiting on them here spares the task
-        and the loop iterations a suspension costs.
+        While the loop is parked (`_loop_parked`), nothing else can run on it,
+        and every outcome comes through this backend's own pipes and
+        sentinels: waiting on them here spares the task and the loop
+        iterations a suspension costs.
         """
-        if not driven_by_hand():
+        if not _loop_parked():
             return await super().collect(min_done, timeout)
         self._wanted = min_done
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -967,6 +968,17 @@ class ProcessBackend(Backend):
                     self._post(worker, (-1, _worker.CALL, local, close))
         self._fill_actions = None  # it writes through views of the buffer unmapped next
         self._finalizer()
+
+
+def _loop_parked() -> bool:
+    """Whether the running loop is marked as running but is not running.
+
+    So it is while a caller drives a coroutine by hand (``coro.send``) with its
+    loop only marked as this thread's running loop: nothing else can make
+    progress until the coroutine suspends, so a wait that is all this
+    backend's own (its pipes and sentinels) may be a plain blocking ``poll``.
+    """
+    return not asyncio.get_running_loop().is_running()
 
 
 def _read(worker: _Worker) -> bytes | None:
