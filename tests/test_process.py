@@ -19,7 +19,7 @@ from gymnasium import spaces
 import aiovec
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._runner import Runner
-from aiovec.backends import _messages, _wire, _worker
+from aiovec.backends import _grouped, _messages, _wire, _worker
 from aiovec.backends import process as process_backend
 from aiovec.testing import SpaceEnv
 
@@ -220,8 +220,8 @@ def test_workers_default_to_the_cpus_this_process_may_use(
 
 
 def test_split_is_contiguous_and_even() -> None:
-    assert process_backend.split(5, 2) == [range(3), range(3, 5)]
-    assert process_backend.split(4, 4) == [range(i, i + 1) for i in range(4)]
+    assert _grouped.split(5, 2) == [range(3), range(3, 5)]
+    assert _grouped.split(4, 4) == [range(i, i + 1) for i in range(4)]
 
 
 class Marks(SpaceEnv):

@@ -26,6 +26,7 @@ from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
 
 __all__ = (
+    "CLOSE_TIMEOUT",
     "Backend",
     "EnvTraits",
     "Outcomes",
@@ -36,6 +37,9 @@ __all__ = (
 )
 
 Outcomes = tuple[MutableMapping[int, Any], dict[int, BaseException]]
+
+CLOSE_TIMEOUT = 10.0
+"""Seconds every env's ``close()`` gets when a backend closes; a hung env is abandoned."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,20 +38,20 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import anyio
 from gymnasium import spaces
 
 from aiovec._core.calls import CLOSE
 from aiovec._core.ops import CallOp, Op
-from aiovec._core.rows import StepBlock
+from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
-from aiovec.backends._base import Backend, EnvTraits
+from aiovec.backends._base import CLOSE_TIMEOUT, Backend, EnvTraits
 from aiovec.backends._messages import Failed, Outcome, Ready, StepReply
 
 __all__ = (
-    "CLOSE_TIMEOUT",
     "GroupedBackend",
     "Request",
     "check_rebuilt_spaces",
@@ -60,9 +60,6 @@ __all__ = (
     "ready_traits",
     "split",
 )
-
-CLOSE_TIMEOUT = 10.0
-"""Seconds every env's ``close()`` gets on ``aclose``; a hung env is abandoned."""
 
 logger = logging.getLogger("aiovec")
 
@@ -141,6 +138,40 @@ class GroupedBackend(Backend):
     """
 
     workers: list[Any]
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Configure the transport, start one worker per group, learn the envs' traits."""
+        super().__init__(env_fns, num_workers, limiter, options)
+        self._fns = list(env_fns)
+        self.workers = []
+        count = self.configure(num_workers, dict(options or {}))
+        self.set_groups(split(self.num_envs, min(count, self.num_envs)))
+        try:
+            self.traits = join_traits(self.start_workers())
+            self.started()
+        except BaseException:
+            self.close_now()
+            raise
+
+    @abc.abstractmethod
+    def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
+        """Read the backend's options (nothing started yet); the default number of workers."""
+
+    @abc.abstractmethod
+    def start_workers(self) -> list[EnvTraits]:
+        """Start a worker per group (`groups`) into `workers`; each group's traits, in order."""
+
+    def started(self) -> None:
+        """Every worker is up and `traits` known: finish setting up (e.g. share memory)."""
+
+    def _new_results(self) -> Rows:
+        return Rows()
 
     def set_groups(self, groups: list[range]) -> None:
         """Host ``groups[w]`` on worker ``w``."""

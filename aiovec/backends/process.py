@@ -2,7 +2,11 @@
 
 Theory of operation.  The envs are split into W contiguous groups, one per
 worker process (``_worker.py``), which builds its group from cloudpickled
-factories.  ``launch`` writes one request per worker; the worker runs every env
+factories.  What envs grouped on workers mean (who owns an env, cancel, a
+worker's death, lost envs, rebuild, close) is `GroupedBackend`'s
+(``_grouped.py``); this module is the transport: pipes, the shared buffer and
+the process sentinels.  ``launch`` writes one request (``_messages.py``) per
+worker; the worker runs every env
 of its part through the same drivers and flows as the inline backend and
 answers once.  Nothing here ever waits on a worker outside the event loop: each
 worker's reply pipe and its process sentinel are registered with
@@ -21,7 +25,7 @@ whatever did not fit the buffer exactly, which is then batched by the usual
 rules).  Its envs' results come back as one `StepBlock`,
 which the batcher copies out of the buffer at once.  Other calls (reset,
 render, ...) and spaces that cannot be laid out travel pickled.  A whole step
-whose actions fit the buffer is the *lean step* (``_wire.py``): the reset flags
+whose actions fit the buffer is the *lean step* (`LeanStep`): the reset flags
 go into the buffer too, each worker gets a 10-byte request, and a worker with
 nothing to say beyond the buffer answers with 9 bytes.
 
@@ -35,15 +39,11 @@ others after it: one wake-up per step.  Replies that are exactly the expected
 lean replies are taken as they are and the step is delivered as one block;
 anything else is read by the general wait.
 
-Every request has a sequence number; each env remembers the one it waits on.
-A worker cannot be interrupted, so ``cancel`` reports the envs as cancelled at
-once and forgets their sequence number: the late reply is dropped when it
-comes.  A worker that dies fails its envs in flight with ``WorkerDiedError``
-and leaves all its envs *lost*: any later call on them fails the same way at
-once, until ``rebuild`` starts a new worker for the group (envs of the group
-not rebuilt stay lost; the vector env's ``reset()`` rebuilds the lost envs it
-resets, a restart those that failed).  ``rebuild`` of an env whose worker is still busy with
-an abandoned call kills and replaces that worker (it might never answer).
+Every request has a sequence number, which its reply repeats.  A worker is
+seen dead by its sentinel, an end of file on its reply pipe, or a reply that
+cannot be read (then it is killed): `GroupedBackend.lose` does the rest.
+Replacing a worker (`replace`) kills the old one, starts a new one for the
+same group and, once it is ready, maps the shared buffer in it.
 
 The start method is `START_METHOD`; with ``"forkserver"`` the server
 preloads aiovec, so a worker starts in milliseconds.
@@ -64,17 +64,16 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, ClassVar
 
-import anyio
 import cloudpickle
 
 from aiovec._core import validate
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import CallOp, Op, StepOp
-from aiovec._core.rows import Rows, StepBlock
+from aiovec._core.rows import StepBlock
 from aiovec._errors import WorkerDiedError
 from aiovec.backends import _worker
 from aiovec.backends._base import EnvTraits
@@ -82,9 +81,7 @@ from aiovec.backends._grouped import (
     GroupedBackend,
     Request,
     close_op,
-    join_traits,
     ready_traits,
-    split,
 )
 from aiovec.backends._messages import (
     CLEAN_STEP,
@@ -217,49 +214,41 @@ class ProcessBackend(GroupedBackend):
 
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"cpus"})
 
-    def __init__(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        num_workers: int | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(env_fns, num_workers, limiter)
-        cpus = validate.check_cpus((options or {}).get("cpus", "auto"))
+    def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
+        """Read the options; one worker per usable CPU by default."""
+        self._cpus_option = validate.check_cpus(options.get("cpus", "auto"))
         self._ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             self._ctx.set_forkserver_preload([_worker.__name__])
-        self._fns = list(env_fns)
-        usable = validate.usable_cpus()
-        count = min(num_workers or len(usable), self.num_envs)
-        if cpus == "auto":  # one worker per usable CPU: each on its own
-            pin = count == len(usable) and hasattr(os, "sched_setaffinity")
-            cpus = tuple(usable) if pin else None
-        assert not isinstance(cpus, str)
-        self._cpus = cpus
-        self.set_groups(split(self.num_envs, count))
+        self._usable = validate.usable_cpus()
         self._seq = 0
         self._requests: dict[int, Request] = {}
         self._lean: list[tuple[_Worker, int, bytes]] = []  # (worker, seq, its clean reply)
         self._pollers: dict[_Worker, Any] = {}  # a blocking wait's poll objects, by worker
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.workers: list[_Worker] = []
         self._buffer = _SharedBuffer()
         self._shared: _SharedBuffer | None = None  # the buffer, once it is in use
         self._fill_actions: Callable[[Any], bool] | None = None  # actions into the buffer
         self._finalizer = weakref.finalize(self, _reap, self.workers, self._buffer)
-        try:
-            for w in range(len(self.groups)):
-                self.workers.append(self._start(w))
-            self.traits = join_traits(
-                [_check_ready(worker, _first_message(worker)) for worker in self.workers]
-            )
-            self._share(self.traits)
-            for worker in self.workers:  # from now on replies are only read with os.read
-                os.set_blocking(worker.reply_fd, False)
-        except BaseException:
-            self.close_now()
-            raise
+        return num_workers or len(self._usable)
+
+    def start_workers(self) -> list[EnvTraits]:
+        """A worker process per group (pinned, if so chosen); their reports."""
+        cpus = self._cpus_option
+        if cpus == "auto":  # one worker per usable CPU: each on its own
+            pin = len(self.groups) == len(self._usable) and hasattr(os, "sched_setaffinity")
+            cpus = tuple(self._usable) if pin else None
+        assert not isinstance(cpus, str)
+        self._cpus = cpus
+        for w in range(len(self.groups)):
+            self.workers.append(self._start(w))
+        return [_check_ready(worker, _first_message(worker)) for worker in self.workers]
+
+    def started(self) -> None:
+        """Share the step buffer; from now on replies are only read with ``os.read``."""
+        self._share(self.traits)
+        for worker in self.workers:
+            os.set_blocking(worker.reply_fd, False)
 
     @property
     def pids(self) -> tuple[int | None, ...]:
@@ -270,9 +259,6 @@ class ProcessBackend(GroupedBackend):
     def shares_memory(self) -> bool:
         """Whether step data goes through shared memory (else it is pickled)."""
         return self._shared is not None
-
-    def _new_results(self) -> Rows:
-        return Rows()
 
     def _start(self, w: int) -> _Worker:
         """Start worker ``w``, hosting the ``w``-th group (on its CPU, if pinned)."""

@@ -1,7 +1,10 @@
 """``backend="ray"``: envs in Ray actors, several envs per actor, on any Ray cluster.
 
-Theory of operation.  The envs are split into W contiguous groups (as the
-process backend splits them), one per Ray actor.  An actor starts empty; once
+Theory of operation.  The envs are split into W contiguous groups, one per Ray
+actor.  What envs grouped on workers mean (who owns an env, cancel, a worker's
+death, lost envs, rebuild, close) is `GroupedBackend`'s (``_grouped.py``), as
+for the process backend; this module is the transport: actors and object
+refs.  An actor starts empty; once
 Ray has placed it (a wait bounded by ``placement_timeout``), its ``load`` call
 builds its group from the cloudpickled factories into a `Group`, the very object
 a worker process hosts, and it runs every request through the
@@ -17,21 +20,17 @@ each returned object ref into an asyncio future (``ObjectRef.future`` through
 here blocks on ``ray.get`` once the vector env is built (construction has no
 loop, and waits for the actors to report their envs).
 
-A step's reply is the worker's step reply plus the actor's step arrays: the
-group's observations, rewards and flags written in place (``_core/layout.py``),
-returned as one numpy byte array.  The parent copies the rows of the envs
+A step's reply is the worker's `StepReply` carrying the actor's step arrays
+(``rows``): the group's observations, rewards and flags written in place
+(``_core/layout.py``), as one numpy byte array.  The parent copies the rows of the envs
 still waiting into a receive buffer of its own and hands them to the batcher
 as one `StepBlock`.  Nothing is shared across nodes.
 
-Each env remembers the request it waits on.  An actor call is not interrupted:
-``cancel`` reports the envs as cancelled at once and forgets their request;
-the late reply is dropped.  An actor that dies (killed, its process or its
-node lost) fails its envs in flight with ``WorkerDiedError`` and leaves all its
-envs *lost*: any later call on them fails the same way at once, until
-``rebuild`` starts a new actor for the group (envs of the group not rebuilt
-stay lost; the vector env's ``reset()`` rebuilds the lost envs it resets).
-``rebuild`` of an env whose actor is still busy with an abandoned call kills and
-replaces that actor.
+An actor that dies (killed, its process or its node lost) is seen as a Ray
+error on a call's reply: `GroupedBackend.lose` does the rest, Ray's exception
+the cause of the death.  Replacing an actor (`replace`) kills the old one and
+starts a new one for the same group, waiting for its placement within
+``placement_timeout``.
 
 On ``aclose`` the actors are killed, or, with an `ActorPool`, those whose envs
 all closed cleanly are kept idle for the next vector env to ``load`` its own
@@ -45,11 +44,10 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar, TypeVar
 
-import anyio
 import cloudpickle
 import numpy as np
 import ray
@@ -58,17 +56,13 @@ import ray.exceptions
 from aiovec._core import validate
 from aiovec._core.layout import StepArrays, StepLayout, copy_rows
 from aiovec._core.ops import CallOp, Op, StepOp
-from aiovec._core.rows import Rows
 from aiovec._errors import WorkerDiedError
-from aiovec.backends._base import EnvTraits
+from aiovec.backends._base import CLOSE_TIMEOUT, EnvTraits
 from aiovec.backends._grouped import (
-    CLOSE_TIMEOUT,
     GroupedBackend,
     Request,
     close_op,
-    join_traits,
     ready_traits,
-    split,
 )
 from aiovec.backends._messages import (
     CallReply,
@@ -309,18 +303,10 @@ class RayBackend(GroupedBackend):
 
     OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS | {POOL_OPTION, PLACEMENT_OPTION}
 
-    def __init__(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        num_workers: int | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(env_fns, num_workers, limiter, options)
+    def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
+        """Connect to Ray, read the options; one actor per CPU of the cluster by default."""
         if not ray.is_initialized():  # as Ray would on first use: RAY_ADDRESS, or a local one
             ray.init()
-        self._fns = list(env_fns)
-        options = dict(options or {})
         self._pool: ActorPool | None = options.pop(POOL_OPTION, None)
         if self._pool is not None and not isinstance(self._pool, ActorPool):
             raise TypeError(
@@ -330,22 +316,22 @@ class RayBackend(GroupedBackend):
         self._placement_timeout = _check_timeout(options.pop(PLACEMENT_OPTION, PLACEMENT_TIMEOUT))
         self._options = {**_DEFAULT_OPTIONS, **options}
         self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
-        count = min(num_workers or _cluster_cpus(), self.num_envs)
-        self.set_groups(groups := split(self.num_envs, count))
-        self.workers: list[_Actor] = []
         self._receive: StepArrays | None = None  # step rows, copied out of the replies
         self._finalizer = weakref.finalize(self, _kill_all, self.workers)
-        try:
-            idle = self._pool.take(self._options, len(groups)) if self._pool else []
-            refs = []
-            for k, group in enumerate(groups):
-                actor, placed, loaded = self._start(group, idle[k] if k < len(idle) else None)
-                self.workers.append(actor)
-                refs.append((placed, loaded))
-            self.traits = join_traits([self._await_ready(w, *pair) for w, pair in enumerate(refs)])
-        except BaseException:
-            self.close_now()
-            raise
+        return num_workers or _cluster_cpus()
+
+    def start_workers(self) -> list[EnvTraits]:
+        """An actor per group (idle ones from the pool first), each loading its envs."""
+        idle = self._pool.take(self._options, len(self.groups)) if self._pool else []
+        refs = []
+        for k, group in enumerate(self.groups):
+            actor, placed, loaded = self._start(group, idle[k] if k < len(idle) else None)
+            self.workers.append(actor)
+            refs.append((placed, loaded))
+        return [self._await_ready(w, *pair) for w, pair in enumerate(refs)]
+
+    def started(self) -> None:
+        """Lay out each actor's step rows and the receive buffer they are copied into."""
         self._spaces = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
         layout = StepLayout.of(*self._spaces, self.num_envs)
         if layout is not None:
@@ -362,9 +348,6 @@ class RayBackend(GroupedBackend):
     def actors(self) -> tuple[Any, ...]:
         """The actor handles (for diagnostics and tests)."""
         return tuple(actor.handle for actor in self.workers)
-
-    def _new_results(self) -> Rows:
-        return Rows()
 
     def _start(
         self, group: range, idle: tuple[Any, str | None] | None = None
