@@ -33,6 +33,7 @@ __all__ = (
     "build_envs",
     "check_env",
     "check_rebuilt",
+    "check_rebuilt_spaces",
     "close_quietly",
 )
 
@@ -269,10 +270,18 @@ def check_rebuilt(
 ) -> None:
     """A rebuilt env ``i`` must be an env with the same spaces as the others."""
     check_env(i, env)
-    for kind, space, first in (
-        ("observation_space", env.observation_space, observation_space),
-        ("action_space", env.action_space, action_space),
-    ):
+    check_rebuilt_spaces(
+        i, (env.observation_space, env.action_space), (observation_space, action_space)
+    )
+
+
+def check_rebuilt_spaces(
+    i: int,
+    got: tuple[spaces.Space[Any], spaces.Space[Any]],
+    want: tuple[spaces.Space[Any], spaces.Space[Any]],
+) -> None:
+    """Rebuilt env ``i``'s (observation, action) spaces ``got`` must be the others' ``want``."""
+    for kind, space, first in zip(("observation_space", "action_space"), got, want, strict=True):
         if space != first:
             raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")
 

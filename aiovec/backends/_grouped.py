@@ -6,7 +6,7 @@ that arrangement that does not depend on how a worker is reached; a backend
 adds only its transport (``process.py``: pipes and shared memory; ``ray.py``:
 actor calls and object refs).
 
-- **Who owns an env.**  ``_owner[i]`` is the worker hosting env ``i``, for the
+- **Who owns an env.**  ``owner[i]`` is the worker hosting env ``i``, for the
   vector env's whole life: a worker that is replaced hosts the same group.
   `parts` splits a call into one request per worker, by local index.
 - **What is in flight.**  Each request is a `Request`: its worker, its envs,
@@ -19,8 +19,8 @@ actor calls and object refs).
 - **A worker dies** (killed, crashed, its node lost, or its reply unreadable):
   `lose` fails its envs in flight with one `WorkerDiedError` whose cause is a
   ``ChildProcessError`` saying which worker died and how, and leaves all its
-  envs *lost*.  Any later call on a lost env fails at once (`fail_lost`), in
-  the same words, until `rebuild` replaces the worker.
+  envs *lost*.  Any later call on a lost env fails at once with a
+  `WorkerDiedError` too (`fail_lost`), until `rebuild` replaces the worker.
 - **Replies to outcomes.**  `deliver_calls` and `deliver_step` turn a worker's
   typed reply (``_messages.py``) into one outcome per waiting env: a value,
   an error, or a row of the step block the transport builds.
@@ -42,19 +42,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
-from gymnasium import spaces
 
 from aiovec._core.calls import CLOSE
 from aiovec._core.ops import CallOp, Op
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
-from aiovec.backends._base import CLOSE_TIMEOUT, Backend, EnvTraits
+from aiovec.backends._base import CLOSE_TIMEOUT, Backend, EnvTraits, check_rebuilt_spaces
 from aiovec.backends._messages import Failed, Outcome, Ready, StepReply
 
 __all__ = (
     "GroupedBackend",
     "Request",
-    "check_rebuilt_spaces",
     "close_op",
     "join_traits",
     "ready_traits",
@@ -89,21 +87,6 @@ def join_traits(parts: Sequence[EnvTraits]) -> EnvTraits:
         parts[0].metadata,
         parts[0].render_mode,
     )
-
-
-def check_rebuilt_spaces(
-    i: int,
-    observation_space: spaces.Space[Any],
-    action_space: spaces.Space[Any],
-    first: EnvTraits,
-) -> None:
-    """A rebuilt env ``i`` must have the spaces of the others (``first``: the traits of all)."""
-    for kind, space, want in (
-        ("observation_space", observation_space, first.observation_spaces[0]),
-        ("action_space", action_space, first.action_spaces[0]),
-    ):
-        if space != want:
-            raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {want}")
 
 
 def close_op(count: int) -> CallOp:
@@ -385,10 +368,10 @@ class GroupedBackend(Backend):
             envs,
         )
         traits = await self.replace(w)
+        want = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
         for i in envs:
             j = i - first
-            observation_space, action_space = traits.observation_spaces[j], traits.action_spaces[j]
-            check_rebuilt_spaces(i, observation_space, action_space, self.traits)
+            check_rebuilt_spaces(i, (traits.observation_spaces[j], traits.action_spaces[j]), want)
         self._lost.difference_update(envs)
         return {}
 
