@@ -9,14 +9,19 @@ cause, the vector env's state afterwards, and what the next ``reset()`` does.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
 from typing import Any
 
+import gymnasium
 import pytest
 from conftest import HAVE_RAY
+from gymnasium import spaces
 
 import aiovec
+from aiovec.testing import FaultyEnv, KillingEnv
 from faults.scenarios import (
     LONG,
     NUM_ENVS,
@@ -24,11 +29,13 @@ from faults.scenarios import (
     RESET_TIMEOUT,
     STEP_TIMEOUT,
     Ctx,
+    Once,
     _hanging,
     _killing,
     _raising,
     actions_for,
     oracle_fns,
+    space_env,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -157,3 +164,41 @@ def test_a_healthy_worker_rebuilds_in_place_without_a_warning(
         assert truncations.tolist() == [i == FAILING for i in range(NUM_ENVS)]
         assert venv.vector_env._backend.pids == pids
     assert not [r for r in caplog.records if r.name == "aiovec"]
+
+
+class OtherSpace(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """An env whose observation space is not the others'."""
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        super().__init__(env)
+        self.observation_space = spaces.Discrete(7)
+
+
+def _faulty_then_other_spaces(once: Once, fault: str, spare: int) -> Any:
+    """A faulty env on the first build; every rebuild has another observation space."""
+    if not once.take():
+        return OtherSpace(space_env(LONG))
+    if fault == "killed":
+        return KillingEnv(space_env(LONG), spare=spare, at=1)
+    return FaultyEnv(space_env(LONG), method="step", at=1)
+
+
+@pytest.mark.parametrize("fault", ["raises", "killed"])
+def test_a_rebuilt_env_with_other_spaces_is_refused_alike(
+    backend: str, fault: str, gates: Any
+) -> None:
+    # rebuilt inside its worker (raises), or in a new worker (killed), on every backend
+    fns = oracle_fns(LONG)
+    fns[FAILING] = functools.partial(_faulty_then_other_spaces, gates.once(), fault, os.getpid())
+    policy = aiovec.RestartPolicy(backoff=0.0, max_restarts=1)
+    with aiovec.BlockingVectorEnv(
+        fns, backend=backend, num_workers=NUM_WORKERS, on_error=policy
+    ) as venv:
+        venv.reset(seed=0)
+        with pytest.raises(aiovec.EnvError) as info:
+            venv.step(actions_for(1))
+        cause = info.value.errors[FAILING]
+        assert isinstance(cause, ValueError), repr(cause)
+        assert str(cause).startswith(
+            "the rebuilt env 2 has observation_space Discrete(7), the others"
+        )
