@@ -6,13 +6,13 @@ factories.  What envs grouped on workers mean (who owns an env, cancel, a
 worker's death, lost envs, rebuild, close) is `GroupedBackend`'s
 (``_grouped.py``); this module is the transport: pipes, the shared buffer and
 the process sentinels.  ``launch`` writes one request (``_messages.py``) per
-worker; the worker runs every env
-of its part through the same drivers and flows as the inline backend and
-answers once.  Nothing here ever waits on a worker outside the event loop: each
-worker's reply pipe and its process sentinel are registered with
-``loop.add_reader``, so a reply, or a worker's death (SIGKILL, segfault, OOM),
-wakes the loop at once; requests that do not fit the request pipe wait for it
-with ``loop.add_writer``.  No thread, no spinning.
+worker; the worker runs every env of its part through the same drivers and
+flows as the inline backend and answers once.  Nothing here ever waits on a
+worker outside the event loop: each worker's reply pipe and its process
+sentinel are registered with ``loop.add_reader``, so a reply, or a worker's
+death (SIGKILL, segfault, OOM), wakes the loop at once; requests that do not
+fit the request pipe wait for it with ``loop.add_writer``.  No thread, no
+spinning.
 
 Step data goes through one shared buffer (``_core/layout.py``): an anonymous
 ``memfd`` (an unlinked temporary file where there is none) that every worker
