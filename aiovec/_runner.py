@@ -51,22 +51,9 @@ from typing import Any, TypeVar, cast
 from aiovec._errors import ClosedError
 from aiovec._resume import Resume
 
-__all__ = ("Runner", "driven_by_hand")
+__all__ = ("Runner",)
 
 T = TypeVar("T")
-
-
-def driven_by_hand() -> bool:
-    """Whether the running coroutine is being driven by a `Runner` outside its loop.
-
-    True only inside the fast path of the same-thread strategy: the runner's
-    private loop is marked as this thread's running loop but does not run, so
-    nothing else can make progress until the coroutine suspends.  A backend
-    whose waiting is all its own (the process backend: its pipes) may then wait
-    in a plain blocking ``poll`` instead of suspending into the loop.
-    """
-    loop = asyncio._get_running_loop()
-    return loop is not None and not loop.is_running()
 
 
 class Runner:

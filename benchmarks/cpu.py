@@ -54,8 +54,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 import aiovec
 from aiovec._core.layout import StepLayout
-from aiovec.backends import _worker
-from aiovec.backends import process as process_backend
+from aiovec.backends import _grouped, _worker
 from aiovec.testing import TrivialEnv
 
 SYNC, ASYNC, PROCESS = "gymnasium SyncVectorEnv", "gymnasium AsyncVectorEnv", "aiovec process W=2"
@@ -297,7 +296,7 @@ def minimal_parent(case: Case, steps: int) -> float:
     arrays = layout.arrays(buffer)
     context = multiprocessing.get_context("fork")
     pipes, procs = [], []
-    for group in process_backend.split(case.num_envs, 2):
+    for group in _grouped.split(case.num_envs, 2):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         args = (req_r, rep_w, buffer, layout, case.make, group.start, len(group))

@@ -18,8 +18,8 @@ from gymnasium import spaces
 
 import aiovec
 from aiovec._core.layout import StepArrays, StepLayout
-from aiovec._runner import Runner, driven_by_hand
-from aiovec.backends import _wire, _worker
+from aiovec._runner import Runner
+from aiovec.backends import _grouped, _messages, _wire, _worker
 from aiovec.backends import process as process_backend
 from aiovec.testing import SpaceEnv
 
@@ -220,8 +220,8 @@ def test_workers_default_to_the_cpus_this_process_may_use(
 
 
 def test_split_is_contiguous_and_even() -> None:
-    assert process_backend.split(5, 2) == [range(3), range(3, 5)]
-    assert process_backend.split(4, 4) == [range(i, i + 1) for i in range(4)]
+    assert _grouped.split(5, 2) == [range(3), range(3, 5)]
+    assert _grouped.split(4, 4) == [range(i, i + 1) for i in range(4)]
 
 
 class Marks(SpaceEnv):
@@ -421,9 +421,9 @@ class Slow(Hang):
         return np.full(2, float(action), np.float32), 1.0, False, False, {}
 
 
-def test_driven_by_hand_only_inside_a_blocking_runner() -> None:
+def test_the_loop_is_parked_only_inside_a_blocking_runner() -> None:
     async def probe() -> bool:
-        return driven_by_hand()
+        return process_backend._loop_parked()
 
     runner = Runner()
     try:
@@ -542,17 +542,19 @@ def _group(fns: list[Any]) -> tuple[_worker.Group, StepArrays]:
     return group, group.arrays
 
 
-@pytest.mark.parametrize("mode", list(_wire.MODES))
+@pytest.mark.parametrize("mode", list(_messages.MODES))
 def test_the_lean_messages_are_framed_like_any_message(mode: str) -> None:
     seq = (1 << 40) + 3
-    (request,) = _wire.Frames().feed(_wire.lean_step(seq, mode))
-    assert _wire.frame(request) == _wire.lean_step(seq, mode)
-    assert request[0] == _wire.LEAN
-    assert _wire.read_lean_step(request) == (seq, mode)
-    (reply,) = _wire.Frames().feed(_wire.lean_reply(seq))
-    assert _wire.frame(reply) == _wire.lean_reply(seq)
-    assert reply[0] == _wire.LEAN
-    assert _wire.read_lean_reply(reply) == seq
+    step = _messages.LeanStep(seq, mode)
+    (request,) = _wire.Frames().feed(step.frame())
+    assert _wire.frame(request) == step.frame()
+    assert request[0] == _messages.LEAN
+    assert _messages.LeanStep.parse(request) == step
+    reply = _messages.LeanReply(seq)
+    (payload,) = _wire.Frames().feed(reply.frame())
+    assert _wire.frame(payload) == reply.frame()
+    assert payload[0] == _messages.LEAN
+    assert _messages.LeanReply.parse(payload) == reply
 
 
 def test_a_group_reads_its_actions_and_resets_from_its_own_rows() -> None:
@@ -582,19 +584,22 @@ def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
         for seq in (7, 8):  # Odd's info is {"t": t} on odd steps only
             arrays.actions[:] = [0, 1, 0]
             arrays.resets[:] = False
-            group._lean_step(_wire.lean_step(seq, "NextStep")[4:], write)
+            group._lean_step(_messages.LeanStep(seq, "NextStep").frame()[4:], write)
             (payload,) = _wire.Frames().feed(os.read(read, 1 << 16))
             replies.append(payload)
     finally:
         os.close(read)
         os.close(write)
     first, second = replies
-    assert first[0] != _wire.LEAN
-    seq, (_, errors, infos, finals, odd) = pickle.loads(first)
-    assert (seq, errors, finals, odd) == (7, {}, {}, {})
+    assert first[0] != _messages.LEAN
+    reply = pickle.loads(first)
+    assert isinstance(reply, _messages.Reply)
+    assert isinstance(reply.body, _messages.StepReply)
+    errors, infos, finals, odd, _ = reply.body
+    assert (reply.seq, errors, finals, odd) == (7, {}, {}, {})
     assert infos == {j: {"t": 1} for j in range(3)}
-    assert second[0] == _wire.LEAN
-    assert _wire.read_lean_reply(second) == 8
+    assert second[0] == _messages.LEAN
+    assert _messages.LeanReply.parse(second).seq == 8
     np.testing.assert_array_equal(arrays.observations[:, 0], [2.0, 3.0, 2.0])
 
 
@@ -649,9 +654,8 @@ def test_results_written_together_are_those_written_one_by_one(
         for step in range(3):
             arrays.observations[:] = -1.0  # nothing left from the last step
             reply = group.step(range(4), "NextStep", [False] * 4, [step % 2, 1, 0, 1])
-            replies.append(
-                (reply[0], {j: type(e) for j, e in reply[1].items()}, *reply[2:4], set(reply[4]))
-            )
+            errors, infos, finals, odd, _ = reply
+            replies.append(({j: type(e) for j, e in errors.items()}, infos, finals, set(odd)))
         group.close()
     half = len(replies) // 2
     assert replies[:half] == replies[half:]
@@ -685,7 +689,7 @@ def test_a_blocking_wait_on_descriptors_numbered_past_1023() -> None:
         while not held or held[-1] < 1030:
             held.append(os.open(os.devnull, os.O_RDONLY))
         with aiovec.BlockingVectorEnv([_cartpole] * 2, backend="process", num_workers=2) as venv:
-            assert min(worker.reply_fd for worker in _backend_of(venv)._workers) > 1023
+            assert min(worker.reply_fd for worker in _backend_of(venv).workers) > 1023
             venv.reset(seed=0)
             obs, *_ = venv.step(np.zeros(2, np.int64))
             assert obs.shape == (2, 4)
@@ -707,8 +711,13 @@ def _unreadable_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         real(self, worker, payload)
 
     monkeypatch.setattr(process_backend.ProcessBackend, "_receive", broken)
+
     # A clean lean reply is taken without `_receive` by a blocking wait: expect none.
-    monkeypatch.setattr(process_backend, "lean_reply", lambda seq: b"")
+    class Unmatched(_messages.LeanReply):  # its frame is never what comes
+        def frame(self) -> bytes:
+            return b""
+
+    monkeypatch.setattr(process_backend, "LeanReply", Unmatched)
     return calls
 
 

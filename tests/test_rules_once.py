@@ -20,11 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "aiovec"
 
 # Copies that the grouped-worker layer (issue 19) removes from the process and
 # Ray code; empty these when it lands.
-PENDING = {
-    "flows": {"backends/_worker.py"},
-    "close timeouts": {"backends/process.py", "backends/ray.py"},
-    "env closes": {"backends/_worker.py"},
-}
+PENDING: dict[str, set[str]] = {"flows": set(), "close timeouts": set(), "env closes": set()}
 
 
 def _modules() -> dict[str, ast.Module]:

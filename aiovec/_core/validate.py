@@ -20,7 +20,10 @@ from gymnasium.vector import AutoresetMode
 
 __all__ = (
     "BACKENDS",
+    "DICT_TYPES",
+    "FLAG_TYPES",
     "ON_ERROR",
+    "REWARD_TYPES",
     "action_checker",
     "check_actions",
     "check_autoreset_mode",
@@ -37,6 +40,7 @@ __all__ = (
     "check_timeout",
     "check_values",
     "describe",
+    "is_reward",
     "step_result_checker",
 )
 
@@ -433,9 +437,12 @@ def check_spaces(
 
 # --------------------------------------------------------------------------- env results
 
-_REWARDS = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
-_FLAGS = frozenset({bool, np.bool_})
-_DICTS = frozenset({dict})
+REWARD_TYPES = frozenset({float, int, np.float64, np.float32, np.int64, np.int32})
+"""The reward types taken as they are (a worker writes them straight into shared rows)."""
+FLAG_TYPES = frozenset({bool, np.bool_})
+"""The ``terminated``/``truncated`` types taken as they are."""
+DICT_TYPES = frozenset({dict})
+"""The info types taken as they are."""
 _NDARRAYS = frozenset({np.ndarray})
 _INTS = frozenset({int, np.int64})
 _ARRAYS = (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -471,10 +478,10 @@ def step_result_checker(
             return {}
         obs, rewards, terminations, truncations, infos, _ = zip(*transitions.values(), strict=True)
         if (
-            _REWARDS.issuperset(map(type, rewards))
-            and _FLAGS.issuperset(map(type, terminations))
-            and _FLAGS.issuperset(map(type, truncations))
-            and _DICTS.issuperset(map(type, infos))
+            REWARD_TYPES.issuperset(map(type, rewards))
+            and FLAG_TYPES.issuperset(map(type, terminations))
+            and FLAG_TYPES.issuperset(map(type, truncations))
+            and DICT_TYPES.issuperset(map(type, infos))
             and all_fit(obs)
         ):
             return {}
@@ -504,7 +511,7 @@ def _all_fit(space: spaces.Space[Any]) -> AllFit:
         parts = {key: _all_fit(sub) for key, sub in space.spaces.items()}
         keys = frozenset(parts)
         return lambda obs: (
-            _DICTS.issuperset(map(type, obs))
+            DICT_TYPES.issuperset(map(type, obs))
             and all(o.keys() == keys for o in obs)
             and all(fit([o[key] for o in obs]) for key, fit in parts.items())
         )
@@ -521,9 +528,7 @@ def _all_fit(space: spaces.Space[Any]) -> AllFit:
 def _check_step_result(space: spaces.Space[Any], transition: Any) -> None:
     """Raise ``TypeError``/``ValueError`` saying what is wrong with one env's step result."""
     obs, reward, terminated, truncated, info, _ = transition
-    if not isinstance(reward, numbers.Real) and not (
-        isinstance(reward, np.ndarray) and reward.ndim == 0 and reward.dtype.kind in "biuf"
-    ):
+    if not is_reward(reward):
         raise TypeError(f"the step result's reward must be a real number, got {describe(reward)}")
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, bool | np.bool_):
@@ -531,6 +536,19 @@ def _check_step_result(space: spaces.Space[Any], transition: Any) -> None:
     if not isinstance(info, dict):
         raise TypeError(f"the step result's info must be a dict, got {describe(info)}")
     _check_observation(space, obs, "observation")
+
+
+def is_reward(value: Any) -> bool:
+    """Whether ``value`` is a reward: an int or float (Python or numpy), or a 0-d array of one.
+
+    gymnasium's env checker asks for "a float, int, np.integer or np.floating":
+    a ``bool`` (or ``np.bool_``) is not a reward, though Python counts it an int.
+    """
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and value.dtype.kind in "iuf"
+    return isinstance(value, numbers.Real | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
 
 
 def _check_observation(space: spaces.Space[Any], obs: Any, path: str) -> None:

@@ -35,7 +35,7 @@ __all__ = (
     "build_envs",
     "check_env",
     "check_rebuilt",
-    "close_quietly",
+    "check_rebuilt_spaces",
     "make_env",
     "make_env_now",
 )
@@ -132,18 +132,14 @@ class Backend(abc.ABC):
         """Release everything at once, without a loop (construction failed)."""
         close_quietly(self.envs or ())
 
-    async def _close_envs(
-        self,
-        indices: Sequence[int],
-        timeout: float | None = None,  # noqa: ASYNC109  (envs late by then are reported)
-    ) -> dict[int, BaseException]:
+    async def _close_envs(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Finish what is in flight, then close the envs ``indices``; errors by env.
 
         An env whose ``close()`` has not finished within ``_drive.CLOSE_TIMEOUT``
         seconds (the same for every backend) is abandoned and reported with a
-        ``TimeoutError``.  ``timeout`` is for backends that still pass their own.
+        ``TimeoutError``.
         """
-        timeout = _drive.CLOSE_TIMEOUT if timeout is None else timeout
+        timeout = _drive.CLOSE_TIMEOUT
         await self.drain()
         self.launch(indices, CallOp([CLOSE] * len(indices), "close"))
         _, errors = await self.collect(len(indices), timeout=timeout)
@@ -323,9 +319,17 @@ def check_rebuilt(
 ) -> None:
     """A rebuilt env ``i`` must be an env with the same spaces as the others."""
     check_env(i, env)
-    for kind, space, first in (
-        ("observation_space", env.observation_space, observation_space),
-        ("action_space", env.action_space, action_space),
-    ):
+    check_rebuilt_spaces(
+        i, (env.observation_space, env.action_space), (observation_space, action_space)
+    )
+
+
+def check_rebuilt_spaces(
+    i: int,
+    got: tuple[spaces.Space[Any], spaces.Space[Any]],
+    want: tuple[spaces.Space[Any], spaces.Space[Any]],
+) -> None:
+    """Rebuilt env ``i``'s (observation, action) spaces ``got`` must be the others' ``want``."""
+    for kind, space, first in zip(("observation_space", "action_space"), got, want, strict=True):
         if space != first:
             raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")

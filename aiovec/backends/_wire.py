@@ -13,21 +13,7 @@ import struct
 from multiprocessing import reduction
 from typing import Any
 
-from gymnasium.vector import AutoresetMode
-
-__all__ = (
-    "LEAN",
-    "MODES",
-    "READ_SIZE",
-    "Frames",
-    "SharedFile",
-    "frame",
-    "lean_reply",
-    "lean_step",
-    "read_lean_reply",
-    "read_lean_step",
-    "write_all",
-)
+__all__ = ("READ_SIZE", "Frames", "SharedFile", "frame", "write_all")
 
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
@@ -105,43 +91,3 @@ class SharedFile:
 
 def _rebuild_shared_file(duplicate: Any) -> SharedFile:
     return SharedFile(duplicate.detach())
-
-
-# -- the lean step -------------------------------------------------------------------
-#
-# A whole step whose actions fit the shared buffer needs no pickle either way: the
-# parent writes the actions and each env's reset flag into the buffer and sends each
-# worker ``LEAN`` + (seq, autoreset mode); a worker whose envs all wrote exactly
-# into the buffer, with empty infos and nothing else to say, answers ``LEAN`` +
-# (seq).  Every other message is a pickle, whose first byte is never ``LEAN``.
-
-LEAN = 0x53  # b"S"; a pickle (protocol >= 2) starts with 0x80
-MODES = tuple(mode.value for mode in AutoresetMode)  # by code
-_MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
-_LEAN_STEP = struct.Struct("!BqB")
-_LEAN_REPLY = struct.Struct("!Bq")
-# Framed at once: the length header (as `frame` writes it), then the payload.
-_FRAMED_LEAN_STEP = struct.Struct("!iBqB")
-_FRAMED_LEAN_REPLY = struct.Struct("!iBq")
-
-
-def lean_step(seq: int, mode: str) -> bytes:
-    """The framed request: step every env of the group from the shared buffer."""
-    return _FRAMED_LEAN_STEP.pack(_LEAN_STEP.size, LEAN, seq, _MODE_CODES[mode])
-
-
-def read_lean_step(payload: bytes) -> tuple[int, str]:
-    """``(seq, mode)`` of a `lean_step` payload."""
-    _, seq, mode = _LEAN_STEP.unpack(payload)
-    return seq, MODES[mode]
-
-
-def lean_reply(seq: int) -> bytes:
-    """The framed reply: request ``seq`` done, everything is in the buffer."""
-    return _FRAMED_LEAN_REPLY.pack(_LEAN_REPLY.size, LEAN, seq)
-
-
-def read_lean_reply(payload: bytes) -> int:
-    """The ``seq`` of a `lean_reply` payload."""
-    _, seq = _LEAN_REPLY.unpack(payload)
-    return int(seq)

@@ -3,30 +3,16 @@
 Theory of operation.  The parent starts the worker with two pipes (requests
 in, replies out; framed by ``_wire.py``), the shared step file (a descriptor,
 not yet sized), the group's factories (cloudpickled) and the global index of
-its first env.  The worker builds the envs and answers ``(0, ("ready",
-traits))`` or ``(0, ("failed", index, error, by_factory))``.  Then it serves
-requests, in order, one reply per request (``locals`` are positions in the
-group):
-
-- ``(seq, STEP, locals, mode, reset_first, actions)``: step those envs through
-  their own `step_flow` (kept here, so ``SAME_STEP``
-  autoreset costs no extra round trip).  ``actions is None`` means "read them
-  from the shared step buffer".  Each transition goes into the shared buffer
-  when it fits it exactly; the reply ``(seq, (STEP, errors, infos, finals,
-  odd))`` carries only what did not: errors, infos that are not empty,
-  ``SAME_STEP`` finals, and whole transitions that did not fit (``odd``), all
-  by position.  Without a shared buffer, every transition is ``odd``.
-- The lean step (``_wire.lean_step``, not a pickle): the same step of the whole
-  group, its actions and reset flags read from the shared buffer.  When the
-  reply would say nothing (every transition in the buffer, no info, no final,
-  no error), it is the fixed-size ``_wire.lean_reply``.
-- ``(seq, CALL, locals, op)``: one call per env; reply ``(seq, outcomes)``
-  with one ``(value, error)`` per env.
-- ``(seq, REBUILD, locals)``: close those envs (best effort) and build new ones;
-  reply ``(seq, {local: error})`` for the factories that failed.
-- ``(seq, ATTACH, layout)``: map the shared step file (the parent has sized
-  it); reply ``(seq, None)`` or ``(seq, error)``.
-- ``None``: stop.
+its first env.  The worker builds the envs and answers ``Reply(0, Ready(...))``
+or ``Reply(0, Failed(...))``.  Then it serves requests, in order, one reply per
+request; every message is a typed value of ``_messages.py``, which says what
+each carries.  A step runs each env through its own `step_flow` (kept here, so
+``SAME_STEP`` autoreset costs no extra round trip); each transition goes into
+the shared buffer when it fits it exactly, and the `StepReply` carries only
+what did not.  Without a shared buffer, every transition is ``odd``.  The lean
+step (`LeanStep`, not a pickle) is the same step of the whole group, its
+actions and reset flags read from the shared buffer; when the reply would say
+nothing, it is the fixed-size `LeanReply`.
 
 Async envs run on the worker's own event loop, gathered per request.  Errors
 travel as values; one that does not survive pickling is replaced by a
@@ -50,9 +36,9 @@ from typing import Any, TypeVar
 
 import cloudpickle
 import numpy as np
-from gymnasium.vector import AutoresetMode
 
-from aiovec._core.calls import Transition, new_step_flow
+from aiovec._core import validate
+from aiovec._core.calls import CLOSE, Transition, flow_at
 from aiovec._core.layout import StepArrays, StepLayout, take_rows
 from aiovec._core.ops import CallOp
 from aiovec._env import is_async_env
@@ -60,44 +46,50 @@ from aiovec.backends._base import (
     EnvTraits,
     check_env,
     check_rebuilt,
-    close_quietly,
     make_env,
 )
-from aiovec.backends._drive import StepFlow, perform_async, perform_sync, step_async, step_sync
-from aiovec.backends._wire import (
-    LEAN,
-    READ_SIZE,
-    Frames,
-    SharedFile,
-    frame,
-    lean_reply,
-    read_lean_step,
-    write_all,
+from aiovec.backends._drive import (
+    StepFlow,
+    close_quietly,
+    perform_async,
+    perform_sync,
+    step_async,
+    step_sync,
 )
+from aiovec.backends._messages import (
+    LEAN,
+    Attach,
+    AttachReply,
+    Call,
+    CallReply,
+    Failed,
+    LeanReply,
+    LeanStep,
+    Outcome,
+    Ready,
+    Rebuild,
+    RebuildReply,
+    Reply,
+    StepReply,
+    StepRequest,
+)
+from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame, write_all
 
-__all__ = ("ATTACH", "CALL", "REBUILD", "STEP", "Group", "GroupFlow", "build_flow", "main")
+__all__ = ("Group", "GroupFlow", "build_flow", "main")
 
-STEP, CALL, REBUILD, ATTACH = "step", "call", "rebuild", "attach"
-Outcome = tuple[Any, BaseException | None]
 T = TypeVar("T")
 GroupFlow = Generator[list[Coroutine[Any, Any, Any]], list[Any], T]
 """A request of a group, as a flow: it yields the coroutines of its async envs
 (once, or not at all) and is sent their results (exceptions as values); it
 returns the reply.  A worker process runs them on its own loop, a Ray actor
 awaits them on the actor's loop."""
-StepReply = tuple[
-    str,
-    dict[int, BaseException],
-    dict[int, dict[str, Any]],
-    dict[int, dict[str, Any]],
-    dict[int, Transition],
-]
 
-# Values written to the shared buffer as they are; anything else travels by message
-# so that the parent batches it with the usual rules (and their errors).
-_NUMBERS = frozenset({float, int, bool, np.float64, np.float32, np.int64, np.int32, np.bool_})
-_FLAGS = frozenset({bool, np.bool_})
-_DICTS = frozenset({dict})
+# Values written to the shared buffer as they are: exactly the types the parent's
+# step-result check (`validate.step_result_checker`) takes at once.  Anything else
+# travels by message, and the parent checks and batches it with the usual rules.
+_NUMBERS = validate.REWARD_TYPES
+_FLAGS = validate.FLAG_TYPES
+_DICTS = validate.DICT_TYPES
 _ARRAYS = frozenset({np.ndarray})
 
 
@@ -110,10 +102,10 @@ def main(
     try:
         group = Group(cloudpickle.loads(factories), first, shared.fd)
     except _BuildFailed as failed:
-        _send(out, (0, ("failed", failed.index, _portable(failed.error), failed.by_factory)))
+        _send(out, Reply(0, failed.reply()))
         return
     try:
-        _send(out, (0, ("ready", group.traits())))
+        _send(out, Reply(0, Ready(group.traits())))
         group.serve(requests.fileno(), out)
     finally:
         group.close()
@@ -123,6 +115,10 @@ class _BuildFailed(Exception):
     def __init__(self, index: int, error: BaseException, by_factory: bool) -> None:
         super().__init__(index, error)
         self.index, self.error, self.by_factory = index, error, by_factory
+
+    def reply(self) -> Failed:
+        """What the worker answers (its first word) for this failure."""
+        return Failed(self.index, _portable(self.error), self.by_factory)
 
 
 class Group:
@@ -182,27 +178,28 @@ class Group:
                     self._lean_step(payload, replies)
                     continue
                 request = pickle.loads(payload)
-                if request is None:
+                kind = type(request)
+                body: StepReply | CallReply | RebuildReply | AttachReply
+                if kind is StepRequest:
+                    body = self.step(*request[1:])
+                elif kind is Call:
+                    body = CallReply(self.call(request.locals, request.op))
+                elif kind is Rebuild:
+                    body = RebuildReply(self.rebuild(request.locals))
+                elif kind is Attach:
+                    body = AttachReply(self.attach(request.layout))
+                else:  # Stop
                     return
-                seq, kind, *args = request
-                if kind == STEP:
-                    reply: Any = self.step(*args)
-                elif kind == CALL:
-                    reply = self.call(*args)
-                elif kind == REBUILD:
-                    reply = self.rebuild(*args)
-                else:
-                    reply = self.attach(*args)
-                _send(replies, (seq, reply))
+                _send(replies, Reply(request.seq, body))
 
     def _lean_step(self, payload: bytes, replies: int) -> None:
         """Step every env from the shared buffer; the lean reply if all went there."""
-        seq, mode = read_lean_step(payload)
+        seq, mode = LeanStep.parse(payload)
         reply = self.step(range(len(self.envs)), mode, None, None)
-        if any(reply[1:]):
-            _send(replies, (seq, reply))
+        if any(reply):  # errors, infos, finals or odd transitions to tell
+            _send(replies, Reply(seq, reply))
         else:
-            write_all(replies, lean_reply(seq))
+            write_all(replies, LeanReply(seq).frame())
 
     # -- the shared step buffer -----------------------------------------------------
 
@@ -280,7 +277,7 @@ class Group:
         stepped: dict[int, Transition] = {}  # in the order of ``locals_``, async envs last
         envs, flows, is_async = self.envs, self.flows, self.is_async
         for k, j in enumerate(locals_):
-            flow = flows[j] or self._new_flow(j, mode)
+            flow = flows[j] or flow_at(flows, j, mode)
             if is_async[j]:
                 later.append((j, step_async(envs[j], flow, reset_first[k], actions[k])))
                 continue
@@ -298,7 +295,7 @@ class Group:
         if not self._put_together(stepped, infos, finals):
             for j, transition in stepped.items():
                 self._put(j, transition, infos, finals, odd)
-        return STEP, errors, infos, finals, odd
+        return StepReply(errors, infos, finals, odd)
 
     def _put_together(
         self,
@@ -412,10 +409,6 @@ class Group:
                 out[k] = (None, self._failed(locals_[k], result)) if failed else (result, None)
         return out
 
-    def _new_flow(self, j: int, mode: str) -> StepFlow:
-        flow = self.flows[j] = new_step_flow(AutoresetMode(mode))
-        return flow
-
     def _failed(self, j: int, error: BaseException) -> BaseException:
         self.flows[j] = None  # it still expects the failed call's result
         return _portable(error)
@@ -456,7 +449,7 @@ class Group:
 
     def _close(self, j: int) -> GroupFlow[None]:
         try:
-            result = self.envs[j].close()
+            result = perform_sync(self.envs[j], CLOSE)
         except Exception:  # the env already failed; its close may well fail too
             return
         if asyncio.iscoroutine(result):
@@ -496,7 +489,7 @@ async def gather_outcomes(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
     return await asyncio.gather(*coros, return_exceptions=True)
 
 
-def _send(fd: int, message: tuple[int, Any]) -> None:
+def _send(fd: int, message: Reply) -> None:
     try:
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -504,13 +497,13 @@ def _send(fd: int, message: tuple[int, Any]) -> None:
     write_all(fd, frame(data))
 
 
-def _portable_message(message: tuple[int, Any]) -> tuple[int, Any]:
+def _portable_message(message: Reply) -> Reply:
     """``message`` with every value that cannot be pickled replaced by an error."""
     seq, reply = message
-    if isinstance(reply, list):
-        return seq, [_portable_outcome(value, error) for value, error in reply]
-    if isinstance(reply, tuple) and reply[0] == STEP:
-        _, errors, infos, finals, odd = reply
+    if isinstance(reply, CallReply):
+        return Reply(seq, CallReply([_portable_outcome(*outcome) for outcome in reply.outcomes]))
+    if isinstance(reply, StepReply):
+        errors, infos, finals, odd, rows = reply
         errors = dict(errors)
         for part in (infos, finals, odd):
             for j in list(part):
@@ -518,7 +511,7 @@ def _portable_message(message: tuple[int, Any]) -> tuple[int, Any]:
                 if error is not None:
                     del part[j]
                     errors[j] = error
-        return seq, (STEP, errors, infos, finals, odd)
+        return Reply(seq, StepReply(errors, infos, finals, odd, rows))
     return message
 
 

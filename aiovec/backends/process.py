@@ -2,13 +2,17 @@
 
 Theory of operation.  The envs are split into W contiguous groups, one per
 worker process (``_worker.py``), which builds its group from cloudpickled
-factories.  ``launch`` writes one request per worker; the worker runs every env
-of its part through the same drivers and flows as the inline backend and
-answers once.  Nothing here ever waits on a worker outside the event loop: each
-worker's reply pipe and its process sentinel are registered with
-``loop.add_reader``, so a reply, or a worker's death (SIGKILL, segfault, OOM),
-wakes the loop at once; requests that do not fit the request pipe wait for it
-with ``loop.add_writer``.  No thread, no spinning.
+factories.  What envs grouped on workers mean (who owns an env, cancel, a
+worker's death, lost envs, rebuild, close) is `GroupedBackend`'s
+(``_grouped.py``); this module is the transport: pipes, the shared buffer and
+the process sentinels.  ``launch`` writes one request (``_messages.py``) per
+worker; the worker runs every env of its part through the same drivers and
+flows as the inline backend and answers once.  Nothing here ever waits on a
+worker outside the event loop: each worker's reply pipe and its process
+sentinel are registered with ``loop.add_reader``, so a reply, or a worker's
+death (SIGKILL, segfault, OOM), wakes the loop at once; requests that do not
+fit the request pipe wait for it with ``loop.add_writer``.  No thread, no
+spinning.
 
 Step data goes through one shared buffer (``_core/layout.py``): an anonymous
 ``memfd`` (an unlinked temporary file where there is none) that every worker
@@ -21,27 +25,25 @@ whatever did not fit the buffer exactly, which is then batched by the usual
 rules).  Its envs' results come back as one `StepBlock`,
 which the batcher copies out of the buffer at once.  Other calls (reset,
 render, ...) and spaces that cannot be laid out travel pickled.  A whole step
-whose actions fit the buffer is the *lean step* (``_wire.py``): the reset flags
+whose actions fit the buffer is the *lean step* (`LeanStep`): the reset flags
 go into the buffer too, each worker gets a 10-byte request, and a worker with
 nothing to say beyond the buffer answers with 9 bytes.
 
-A ``BlockingVectorEnv`` drives its coroutine outside its private loop
-(`driven_by_hand`): nothing else can run there, so `collect` waits in ``poll``
-on the pipes and sentinels itself, without a task or a loop iteration.  For a
+When the running loop is *parked* (marked as this thread's running loop but
+not running: a blocking caller drives the coroutine by hand, see
+`_loop_parked`), nothing else can run on it, so `collect` waits in ``poll`` on
+the pipes and sentinels itself, without a task or a loop iteration.  The
+backend asks the loop, not who drives it.  For a
 whole step it listens to the newest request's worker first and reads the
 others after it: one wake-up per step.  Replies that are exactly the expected
 lean replies are taken as they are and the step is delivered as one block;
 anything else is read by the general wait.
 
-Every request has a sequence number; each env remembers the one it waits on.
-A worker cannot be interrupted, so ``cancel`` reports the envs as cancelled at
-once and forgets their sequence number: the late reply is dropped when it
-comes.  A worker that dies fails its envs in flight with ``WorkerDiedError``
-and leaves all its envs *lost*: any later call on them fails the same way at
-once, until ``rebuild`` starts a new worker for the group (envs of the group
-not rebuilt stay lost; the vector env's ``reset()`` rebuilds the lost envs it
-resets, a restart those that failed).  ``rebuild`` of an env whose worker is still busy with
-an abandoned call kills and replaces that worker (it might never answer).
+Every request has a sequence number, which its reply repeats.  A worker is
+seen dead by its sentinel, an end of file on its reply pipe, or a reply that
+cannot be read (then it is killed): `GroupedBackend.lose` does the rest.
+Replacing a worker (`replace`) kills the old one, starts a new one for the
+same group and, once it is ready, maps the shared buffer in it.
 
 The start method is `START_METHOD`; with ``"forkserver"`` the server
 preloads aiovec, so a worker starts in milliseconds.
@@ -62,32 +64,42 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, ClassVar
 
-import anyio
 import cloudpickle
 
 from aiovec._core import validate
-from aiovec._core.calls import CLOSE
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import CallOp, Op, StepOp
-from aiovec._core.rows import Rows, StepBlock
-from aiovec._errors import EnvError, WorkerDiedError
-from aiovec._runner import driven_by_hand
+from aiovec._core.rows import StepBlock
+from aiovec._errors import WorkerDiedError
 from aiovec.backends import _worker
-from aiovec.backends._base import Backend, EnvTraits
-from aiovec.backends._wire import (
-    LEAN,
-    READ_SIZE,
-    Frames,
-    SharedFile,
-    frame,
-    lean_reply,
-    lean_step,
-    read_lean_reply,
+from aiovec.backends._base import EnvTraits
+from aiovec.backends._grouped import (
+    GroupedBackend,
+    Request,
+    close_op,
+    ready_traits,
 )
+from aiovec.backends._messages import (
+    CLEAN_STEP,
+    LEAN,
+    Attach,
+    AttachReply,
+    Call,
+    CallReply,
+    LeanReply,
+    LeanStep,
+    Rebuild,
+    RebuildReply,
+    Reply,
+    StepReply,
+    StepRequest,
+    Stop,
+)
+from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame
 
 __all__ = ("START_METHOD", "ProcessBackend")
 
@@ -100,11 +112,9 @@ Set it with the ``AIOVEC_START_METHOD`` environment variable or by assigning
 this attribute: ``"forkserver"`` (Linux default), ``"spawn"`` or ``"fork"``.
 """
 
-_CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandoned
 _GRACE = 2.0  # seconds workers get to exit once asked, before terminate, then kill
-_STOP = frame(pickle.dumps(None))
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
-_CLEAN_STEP: _worker.StepReply = (_worker.STEP, {}, {}, {}, {})  # what a lean reply says
+_STOP = frame(pickle.dumps(Stop(), _PROTOCOL))
 
 
 class _Worker:
@@ -144,30 +154,18 @@ class _Worker:
         self.replies.close()
 
     def describe(self) -> str:
+        return (
+            f"worker process {self.process.pid} hosting envs {self.group.start}-"
+            f"{self.group.stop - 1}"
+        )
+
+    def death(self) -> ChildProcessError:
+        """How it died, as the cause of its envs' `WorkerDiedError`."""
         code = self.process.exitcode
         how = "exit code unknown" if code is None else f"exit code {code}"
         if code is not None and code < 0:
             how = f"killed by {signal.Signals(-code).name}"
-        return (
-            f"worker process {self.process.pid} hosting envs {self.group.start}-"
-            f"{self.group.stop - 1} died ({how})"
-        )
-
-
-class _Request:
-    """A request in flight: its worker, its envs, when it started; or a control future."""
-
-    __slots__ = ("envs", "future", "partial", "since", "worker")
-
-    def __init__(
-        self,
-        worker: _Worker,
-        envs: Sequence[int],
-        since: float,
-        future: asyncio.Future[Any] | None = None,
-    ) -> None:
-        self.worker, self.envs, self.since, self.future = worker, envs, since, future
-        self.partial = False  # some of its envs were cancelled
+        return ChildProcessError(f"{self.describe()} died ({how})")
 
 
 class _SharedBuffer:
@@ -201,14 +199,7 @@ class _SharedBuffer:
             os.close(self.fd)
 
 
-def split(num_envs: int, count: int) -> list[range]:
-    """``count`` contiguous groups of envs whose sizes differ by one at most."""
-    size, extra = divmod(num_envs, count)
-    bounds = [w * size + min(w, extra) for w in range(count + 1)]
-    return [range(bounds[w], bounds[w + 1]) for w in range(count)]
-
-
-class ProcessBackend(Backend):
+class ProcessBackend(GroupedBackend):
     """Hosts envs in worker processes; waits on them through the event loop.
 
     Args:
@@ -223,85 +214,55 @@ class ProcessBackend(Backend):
 
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"cpus"})
 
-    def __init__(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        num_workers: int | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(env_fns, num_workers, limiter)
-        cpus = validate.check_cpus((options or {}).get("cpus", "auto"))
+    def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
+        """Read the options; one worker per usable CPU by default."""
+        self._cpus_option = validate.check_cpus(options.get("cpus", "auto"))
         self._ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             self._ctx.set_forkserver_preload([_worker.__name__])
-        self._fns = list(env_fns)
-        usable = validate.usable_cpus()
-        count = min(num_workers or len(usable), self.num_envs)
-        if cpus == "auto":  # one worker per usable CPU: each on its own
-            pin = count == len(usable) and hasattr(os, "sched_setaffinity")
-            cpus = tuple(usable) if pin else None
-        assert not isinstance(cpus, str)
-        self._cpus = cpus
-        self._groups = groups = split(self.num_envs, count)
-        self._owner = [w for w, group in enumerate(groups) for _ in group]
-        self._all = range(self.num_envs)
+        self._usable = validate.usable_cpus()
         self._seq = 0
-        self._env_seq = [0] * self.num_envs  # the request each env waits on (0: none)
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, Request] = {}
         self._lean: list[tuple[_Worker, int, bytes]] = []  # (worker, seq, its clean reply)
         self._pollers: dict[_Worker, Any] = {}  # a blocking wait's poll objects, by worker
-        self._stuck: dict[int, int] = {}  # env -> its abandoned request still running
-        self._lost: set[int] = set()  # envs whose worker died
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._workers: list[_Worker] = []
         self._buffer = _SharedBuffer()
         self._shared: _SharedBuffer | None = None  # the buffer, once it is in use
         self._fill_actions: Callable[[Any], bool] | None = None  # actions into the buffer
-        self._finalizer = weakref.finalize(self, _reap, self._workers, self._buffer)
-        try:
-            for w in range(len(groups)):
-                self._workers.append(self._start(w))
-            traits = [_check_ready(worker, _first_message(worker)) for worker in self._workers]
-            self.traits = EnvTraits(
-                [space for t in traits for space in t.observation_spaces],
-                [space for t in traits for space in t.action_spaces],
-                traits[0].metadata,
-                traits[0].render_mode,
-            )
-            self._share(self.traits)
-            for worker in self._workers:  # from now on replies are only read with os.read
-                os.set_blocking(worker.reply_fd, False)
-        except BaseException:
-            self.close_now()
-            raise
+        self._finalizer = weakref.finalize(self, _reap, self.workers, self._buffer)
+        return num_workers or len(self._usable)
 
-    @property
-    def num_workers(self) -> int:
-        """How many worker processes host the envs."""
-        return len(self._workers)
+    def start_workers(self) -> list[EnvTraits]:
+        """A worker process per group (pinned, if so chosen); their reports."""
+        cpus = self._cpus_option
+        if cpus == "auto":  # one worker per usable CPU: each on its own
+            pin = len(self.groups) == len(self._usable) and hasattr(os, "sched_setaffinity")
+            cpus = tuple(self._usable) if pin else None
+        assert not isinstance(cpus, str)
+        self._cpus = cpus
+        for w in range(len(self.groups)):
+            self.workers.append(self._start(w))
+        return [_check_ready(worker, _first_message(worker)) for worker in self.workers]
+
+    def started(self) -> None:
+        """Share the step buffer; from now on replies are only read with ``os.read``."""
+        self._share(self.traits)
+        for worker in self.workers:
+            os.set_blocking(worker.reply_fd, False)
 
     @property
     def pids(self) -> tuple[int | None, ...]:
         """The process id of each worker (for diagnostics and tests)."""
-        return tuple(worker.process.pid for worker in self._workers)
-
-    @property
-    def lost(self) -> frozenset[int]:
-        """Envs whose worker died, until `rebuild` starts a new one for them."""
-        return frozenset(self._lost)
+        return tuple(worker.process.pid for worker in self.workers)
 
     @property
     def shares_memory(self) -> bool:
         """Whether step data goes through shared memory (else it is pickled)."""
         return self._shared is not None
 
-    def _new_results(self) -> Rows:
-        return Rows()
-
     def _start(self, w: int) -> _Worker:
         """Start worker ``w``, hosting the ``w``-th group (on its CPU, if pinned)."""
-        group = self._groups[w]
+        group = self.groups[w]
         payload = cloudpickle.dumps([self._fns[i] for i in group])
         child_requests, requests = self._ctx.Pipe(duplex=False)
         replies, child_replies = self._ctx.Pipe(duplex=False)
@@ -337,15 +298,17 @@ class ProcessBackend(Backend):
         self._shared = self._buffer
         if layout.actions is not None:
             self._fill_actions = layout.actions.filler(arrays.actions)
-        for worker in self._workers:  # construction has no loop: wait here for each answer
+        for worker in self.workers:  # construction has no loop: wait here for each answer
             self._seq += 1
-            self._post(worker, (self._seq, _worker.ATTACH, layout))
+            self._post(worker, Attach(self._seq, layout))
             wait([worker.replies, worker.process.sentinel])
             try:
-                _, error = pickle.loads(worker.replies.recv_bytes())
+                reply: Reply = pickle.loads(worker.replies.recv_bytes())
+                assert isinstance(reply.body, AttachReply)
+                error = reply.body.error
             except (EOFError, OSError):
                 worker.process.join(1.0)
-                died = ChildProcessError(worker.describe())
+                died = worker.death()
                 raise WorkerDiedError(dict.fromkeys(worker.group, died), "setup") from died
             if error is not None:
                 raise error
@@ -397,7 +360,7 @@ class ProcessBackend(Backend):
         if loop is not self._loop:
             self._detach()
             self._loop = loop
-            for worker in self._workers:
+            for worker in self.workers:
                 if worker.alive:
                     self._watch(worker)
         return loop
@@ -417,7 +380,7 @@ class ProcessBackend(Backend):
             loop.remove_writer(worker.requests.fileno())
 
     def _detach(self) -> None:
-        for worker in self._workers:
+        for worker in self.workers:
             if worker.alive:
                 self._unwatch(worker)
         self._loop = None
@@ -451,8 +414,7 @@ class ProcessBackend(Backend):
             return
         worker.process.kill()
         died = ChildProcessError(
-            f"worker process {worker.process.pid} hosting envs {worker.group.start}-"
-            f"{worker.group.stop - 1} was killed: a reply of it could not be read "
+            f"{worker.describe()} was killed: a reply of it could not be read "
             f"({type(error).__name__}: {error})"
         )
         died.__cause__ = error
@@ -460,14 +422,14 @@ class ProcessBackend(Backend):
 
     def _receive(self, worker: _Worker, payload: bytes) -> None:
         if payload[0] == LEAN:  # a step whose every result is in the buffer
-            seq = read_lean_reply(payload)
+            seq = LeanReply.parse(payload).seq
             request = self._requests.pop(seq, None)
             if request is not None:
-                self._deliver_step(seq, request, _CLEAN_STEP)
+                self.deliver_step(request, CLEAN_STEP)
             return
         self._deliver(worker, pickle.loads(payload))
 
-    def _deliver(self, worker: _Worker, message: tuple[int, Any]) -> None:
+    def _deliver(self, worker: _Worker, message: Reply) -> None:
         seq, reply = message
         if seq == 0:  # a respawned worker is ready (or failed to build)
             if worker.ready is not None and not worker.ready.done():
@@ -479,62 +441,18 @@ class ProcessBackend(Backend):
         if request.future is not None:
             if not request.future.done():
                 request.future.set_result(reply)
-        elif type(reply) is tuple:
-            self._deliver_step(seq, request, reply)
+        elif type(reply) is StepReply:
+            self.deliver_step(request, reply)
         else:
-            self._deliver_calls(seq, request, reply)
+            assert isinstance(reply, CallReply)
+            self.deliver_calls(request, reply.outcomes)
 
-    def _waiting(self, seq: int, request: _Request) -> Sequence[int]:
-        """The envs of ``request`` still waiting on it (others were cancelled)."""
-        env_seq = self._env_seq
-        envs = request.envs
-        if not request.partial:
-            if isinstance(envs, range):
-                env_seq[envs.start : envs.stop] = [0] * len(envs)
-            else:
-                for i in envs:
-                    env_seq[i] = 0
-            return envs
-        waiting = []
-        for i in envs:
-            if env_seq[i] == seq:
-                env_seq[i] = 0
-                waiting.append(i)
-            elif self._stuck.get(i) == seq:  # an abandoned call's late outcome: dropped
-                del self._stuck[i]
-        return waiting
-
-    def _deliver_calls(self, seq: int, request: _Request, outcomes: list[Any]) -> None:
-        waiting = set(self._waiting(seq, request))
-        for i, (value, error) in zip(request.envs, outcomes, strict=True):
-            if i in waiting:
-                self._finish(i, value, error)
-
-    def _deliver_step(self, seq: int, request: _Request, reply: _worker.StepReply) -> None:
-        _, errors, infos, finals, odd = reply
-        waiting = self._waiting(seq, request)
-        first = request.worker.group.start
-        if errors or odd or request.partial:
-            waiting_set = set(waiting)
-            for j, error in errors.items():
-                if first + j in waiting_set:
-                    self._finish(first + j, None, error)
-            for j, transition in odd.items():
-                if first + j in waiting_set:
-                    self._finish(first + j, transition, None)
-            waiting = [i for i in waiting if i - first not in errors and i - first not in odd]
-        if not waiting:
-            return
+    def step_arrays(self) -> StepArrays:
+        """The shared buffer's arrays: every worker writes its rows there."""
         shared = self._shared
         assert shared is not None  # else every env is odd
         assert shared.arrays is not None
-        block = StepBlock(
-            waiting,
-            shared.arrays,
-            {first + j: info for j, info in infos.items()},
-            {first + j: final for j, final in finals.items()},
-        )
-        self._finish_block(block, request.since)
+        return shared.arrays
 
     def _on_exit(self, worker: _Worker, killed: ChildProcessError | None = None) -> None:
         """The worker's process ended (or its pipe broke): fail and lose its envs.
@@ -557,22 +475,13 @@ class ProcessBackend(Backend):
         worker.alive = False
         worker.close_pipes()
         worker.process.join(1.0)  # its sentinel is ready: this reaps it at once
-        died = killed if killed is not None else ChildProcessError(worker.describe())
-        self._lost.update(worker.group)
-        for i in worker.group:
-            self._stuck.pop(i, None)
+        died = killed if killed is not None else worker.death()
         for seq, request in list(self._requests.items()):
             if request.worker is worker:
                 del self._requests[seq]
                 if request.future is not None and not request.future.done():
                     request.future.set_exception(died)
-        waiting = [i for i in worker.group if self._env_seq[i]]
-        for i in waiting:
-            self._env_seq[i] = 0
-        if waiting:
-            error = WorkerDiedError(dict.fromkeys(waiting, died), f"worker {worker.process.pid}")
-            for i in waiting:
-                self._finish(i, None, error)
+        self.lose(worker, died)
         for waiter in (worker.ready, worker.exited):
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -584,23 +493,14 @@ class ProcessBackend(Backend):
         self._attach()
         if self._lean:
             self._settle_lean()
-        since = time.perf_counter()
-        self.pending.update(indices)
-        whole = indices == self._all and not self._lost  # each worker gets its whole group
-        if whole and self._actions_in_buffer(op):
-            self._lean_step(op, since)
-            return
-        if indices == self._all:
-            self._started[:] = [since] * self.num_envs
-        else:
-            for i in indices:
-                self._started[i] = since
-        if whole:
-            for worker in self._workers:
-                self._request(worker, worker.group, op.subset(worker.group), since)
-        else:
-            for worker, envs, part in self._parts(indices, op):
-                self._request(worker, envs, part, since)
+        super().launch(indices, op)
+
+    def launch_whole(self, op: Op, since: float) -> bool:
+        """A whole step whose actions fit the buffer is a lean step (`_lean_step`)."""
+        if not self._actions_in_buffer(op):
+            return False
+        self._lean_step(op, since)
+        return True
 
     def _actions_in_buffer(self, op: Op) -> bool:
         """Copy a whole step's batch of actions into the shared buffer, if it fits exactly."""
@@ -624,14 +524,14 @@ class ProcessBackend(Backend):
         self._shared.arrays.resets[:] = op.reset_first
         mode = op.mode.value
         out, lean = [], []
-        for worker in self._workers:
+        for worker in self.workers:
             self._seq += 1
             seq = self._seq
-            self._requests[seq] = _Request(worker, worker.group, since)
-            out.append((worker, lean_step(seq, mode)))
-            lean.append((worker, seq, lean_reply(seq)))
+            self._requests[seq] = Request(worker, worker.group, since)
+            out.append((worker, LeanStep(seq, mode).frame()))
+            lean.append((worker, seq, LeanReply(seq).frame()))
         self._lean = lean
-        if not driven_by_hand():  # the loop delivers each reply: no lean wait
+        if not _loop_parked():  # the loop delivers each reply: no lean wait
             self._settle_lean()
         for worker, data in out:
             try:
@@ -639,32 +539,7 @@ class ProcessBackend(Backend):
             except OSError:  # it died; its sentinel may not have woken the loop yet
                 self._on_exit(worker)
 
-    def _parts(self, indices: Sequence[int], op: Op) -> Iterable[tuple[_Worker, list[int], Op]]:
-        """Each worker's part of ``op`` (envs of dead workers fail at once)."""
-        by_worker: dict[int, list[int]] = {}
-        owner, lost = self._owner, self._lost
-        for k, i in enumerate(indices):
-            by_worker.setdefault(owner[i], []).append(k)
-        for w, given in by_worker.items():
-            positions = given
-            if lost:
-                self._fail_lost(indices[k] for k in given)
-                positions = [k for k in given if indices[k] not in lost]
-                if not positions:
-                    continue
-            yield self._workers[w], [indices[k] for k in positions], op.subset(positions)
-
-    def _fail_lost(self, envs: Iterable[int]) -> None:
-        lost = [i for i in envs if i in self._lost]
-        if not lost:
-            return
-        died = ChildProcessError(
-            f"the worker process hosting env(s) {lost} died; their envs are gone "
-            "(reset() or on_error='restart' rebuilds them on a new worker)"
-        )
-        self._fail_gone(lost, died)
-
-    def _request(self, worker: _Worker, envs: Sequence[int], op: Op, since: float) -> None:
+    def request(self, worker: _Worker, envs: Sequence[int], op: Op, since: float) -> None:
         """Send ``op`` for ``envs`` (all hosted by ``worker``), pickled."""
         self._seq += 1
         seq = self._seq
@@ -674,45 +549,37 @@ class ProcessBackend(Backend):
             if isinstance(envs, range)
             else [i - first for i in envs]
         )
+        message: StepRequest | Call
         if isinstance(op, StepOp):
-            message: tuple[Any, ...] = (
-                seq,
-                _worker.STEP,
-                locals_,
-                op.mode.value,
-                op.reset_first,
-                op.actions,
-            )
+            message = StepRequest(seq, locals_, op.mode.value, op.reset_first, op.actions)
         else:
-            message = (seq, _worker.CALL, locals_, op)
+            assert isinstance(op, CallOp)
+            message = Call(seq, locals_, op)
         try:
             try:
                 data = pickle.dumps(message, _PROTOCOL)
             except Exception:  # e.g. a lambda among call() arguments
                 data = cloudpickle.dumps(message, _PROTOCOL)
         except Exception as exc:
-            for i in envs:
-                self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {exc}"))
+            self.unsendable(envs, op, exc)
             return
-        if isinstance(envs, range):
-            self._env_seq[envs.start : envs.stop] = [seq] * len(envs)
-        else:
-            for i in envs:
-                self._env_seq[i] = seq
-        self._requests[seq] = _Request(worker, envs, since)
+        request = self._requests[seq] = Request(worker, envs, since)
+        self.wait_on(request, envs)
         try:
             self._post(worker, None, data)
         except OSError:  # it died; its sentinel may not have woken the loop yet
             self._on_exit(worker)
 
-    def _control(self, worker: _Worker, *request: Any) -> asyncio.Future[Any]:
+    def _control(
+        self, worker: _Worker, kind: type[Rebuild | Attach], arg: Any
+    ) -> asyncio.Future[Any]:
         """Send a request that no env waits on; its reply resolves the future."""
         assert self._loop is not None
         self._seq += 1
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._requests[self._seq] = _Request(worker, (), 0.0, future)
+        self._requests[self._seq] = Request(worker, (), 0.0, future)
         try:
-            self._post(worker, (self._seq, *request))
+            self._post(worker, kind(self._seq, arg))
         except OSError:
             self._on_exit(worker)
         return future
@@ -724,12 +591,12 @@ class ProcessBackend(Backend):
     ) -> tuple[Any, dict[int, BaseException]]:
         """As `Backend.collect`; a blocking caller's wait is a plain ``poll``.
 
-        Driven by hand by a blocking `Runner` (`driven_by_hand`), nothing else
-        can run on the loop meanwhile, and every outcome comes through this
-        backend's own pipes and sentinels: waiting on them here spares the task
-        and the loop iterations a suspension costs.
+        While the loop is parked (`_loop_parked`), nothing else can run on it,
+        and every outcome comes through this backend's own pipes and
+        sentinels: waiting on them here spares the task and the loop
+        iterations a suspension costs.
         """
-        if not driven_by_hand():
+        if not _loop_parked():
             return await super().collect(min_done, timeout)
         self._wanted = min_done
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -740,11 +607,11 @@ class ProcessBackend(Backend):
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             # Out of time: one last look at every worker, so that no reply that came
             # in time is taken for late.
-            awaited = self._workers if wait_s == 0.0 else self._awaited()
+            awaited = self.workers if wait_s == 0.0 else self._awaited()
             # poll, not select: a busy process's descriptors may be numbered past 1023
             poller = select.poll()
             handlers: dict[int, tuple[Callable[[_Worker], None], _Worker]] = {}
-            for worker in self._workers:
+            for worker in self.workers:
                 if worker.alive:
                     poller.register(worker.sentinel, select.POLLIN)
                     handlers[worker.sentinel] = (self._on_exit, worker)
@@ -777,7 +644,7 @@ class ProcessBackend(Backend):
         lean = self._lean
         if any(worker.outbox for worker, _, _ in lean):  # a request still waits to be written
             return
-        done: list[tuple[int, _Request]] = []
+        done: list[tuple[int, Request]] = []
         news: tuple[_Worker, bytes] | None = None
         try:
             for k, (worker, seq, clean) in enumerate(reversed(lean)):
@@ -811,24 +678,24 @@ class ProcessBackend(Backend):
         if poller is None:
             poller = self._pollers[worker] = select.poll()
             poller.register(worker.reply_fd, select.POLLIN)
-            for other in self._workers:
+            for other in self.workers:
                 if other.alive:
                     poller.register(other.sentinel, select.POLLIN)
         return poller
 
-    def _deliver_clean(self, done: list[tuple[int, _Request]]) -> None:
+    def _deliver_clean(self, done: list[tuple[int, Request]]) -> None:
         """Deliver requests whose every env's result is in the buffer (`_collect_lean`)."""
         for seq, _ in done:
             del self._requests[seq]
-        if len(done) < len(self._workers):
-            for seq, request in done:
-                self._deliver_step(seq, request, _CLEAN_STEP)
+        if len(done) < len(self.workers):
+            for _, request in done:
+                self.deliver_step(request, CLEAN_STEP)
             return
         # Every worker's whole group, none cancelled: the whole step, as one block
         # (its envs' state was never written: nothing to clear).
         assert self._shared is not None
         assert self._shared.arrays is not None
-        block = StepBlock(self._all, self._shared.arrays, {}, {})
+        block = StepBlock(self.all, self._shared.arrays, {}, {})
         self._finish_block(block, done[0][1].since)
 
     def _settle_lean(self) -> None:
@@ -838,7 +705,7 @@ class ProcessBackend(Backend):
             request = self._requests.get(seq)
             if request is not None:
                 group = worker.group
-                self._env_seq[group.start : group.stop] = [seq] * len(group)
+                self.wait_on(request, group)
                 self._started[group.start : group.stop] = [request.since] * len(group)
 
     def _awaited(self) -> Sequence[_Worker]:
@@ -856,94 +723,55 @@ class ProcessBackend(Backend):
             request = self._requests[next(reversed(self._requests))]
             if request.future is None and not request.partial and request.worker.alive:
                 return (request.worker,)
-        return self._workers
+        return self.workers
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Abandon the calls in flight (of ``indices``, or all): workers run them to the end."""
         self._settle_lean()
-        for i in list(self.pending if indices is None else self.pending.intersection(indices)):
-            seq, self._env_seq[i] = self._env_seq[i], 0
-            if seq:
-                self._stuck[i] = seq
-                request = self._requests.get(seq)
-                if request is not None:
-                    request.partial = True
-            self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
+        super().cancel(indices)
 
     # -- rebuilding ------------------------------------------------------------------
 
-    async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
-        """Rebuild envs in their worker; a dead or stuck worker is replaced by a new one."""
-        loop = self._attach()
-        by_worker: dict[int, list[int]] = {}
-        for i in indices:
-            by_worker.setdefault(self._owner[i], []).append(i)
-        waits: list[tuple[list[int], _Worker, bool, asyncio.Future[Any]]] = []
-        for w, envs in by_worker.items():
-            worker = self._workers[w]
-            # A worker whose envs are lost is dead, or exiting (a respawn that failed to
-            # build its envs, not seen dead yet): only a new one can rebuild them.
-            if worker.alive and not any(i in self._stuck or i in self._lost for i in worker.group):
-                local = [i - worker.group.start for i in envs]
-                waits.append((envs, worker, False, self._control(worker, _worker.REBUILD, local)))
-                continue
-            if worker.alive:
-                worker.process.kill()
-                self._on_exit(worker)
-            worker = self._workers[w] = self._start(w)
-            os.set_blocking(worker.reply_fd, False)
-            self._pollers.clear()
-            worker.ready = loop.create_future()
-            self._watch(worker)
-            waits.append((envs, worker, True, worker.ready))
-        errors: dict[int, BaseException] = {}
-        for envs, worker, respawned, future in waits:
-            try:
-                reply = await future
-                if respawned:
-                    self._check_respawned(worker, envs, reply)
-                    if self._shared is not None:
-                        layout = self._shared.layout
-                        error = await self._control(worker, _worker.ATTACH, layout)
-                        if error is not None:
-                            raise error
-                    self._lost.difference_update(envs)
-                else:
-                    errors.update((worker.group.start + j, e) for j, e in reply.items())
-            except Exception as exc:
-                errors.update(dict.fromkeys(envs, exc))
-        return errors
+    async def rebuild_in_place(self, w: int, locals_: list[int]) -> dict[int, BaseException]:
+        """Rebuild envs ``locals_`` in worker ``w`` (if it dies meanwhile: raises)."""
+        self._attach()
+        reply: RebuildReply = await self._control(self.workers[w], Rebuild, locals_)
+        return reply.errors
 
-    def _check_respawned(self, worker: _Worker, envs: list[int], reply: Any) -> None:
-        if reply is None:
-            raise ChildProcessError(worker.describe())
-        traits = _check_ready(worker, reply)
-        first = self.traits
-        for i in envs:
-            j = i - worker.group.start
-            for kind, space, want in (
-                ("observation_space", traits.observation_spaces[j], first.observation_spaces[0]),
-                ("action_space", traits.action_spaces[j], first.action_spaces[0]),
-            ):
-                if space != want:
-                    raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {want}")
+    async def replace(self, w: int) -> EnvTraits:
+        """Kill worker ``w`` (if it still runs) and start a new one for its group."""
+        loop = self._attach()
+        worker = self.workers[w]
+        if worker.alive:
+            worker.process.kill()
+            self._on_exit(worker)
+        worker = self.workers[w] = self._start(w)
+        os.set_blocking(worker.reply_fd, False)
+        self._pollers.clear()
+        worker.ready = loop.create_future()
+        self._watch(worker)
+        traits = _check_ready(worker, await worker.ready)
+        if self._shared is not None:
+            attached: AttachReply = await self._control(worker, Attach, self._shared.layout)
+            if attached.error is not None:
+                raise attached.error
+        return traits
 
     # -- closing ---------------------------------------------------------------------
 
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env, ask every worker to exit, then terminate or kill stragglers."""
         loop = self._attach()
-        alive = [i for i in range(self.num_envs) if i not in self._lost]
         try:
-            errors = await self._close_envs(alive, _CLOSE_TIMEOUT)
+            errors = await self.close_live_envs()
         finally:
             exits = []
-            for worker in self._workers:
+            for worker in self.workers:
                 if worker.alive:
                     worker.exited = loop.create_future()
                     exits.append(worker.exited)
                     try:
-                        self._post(worker, None, pickle.dumps(None))
+                        self._post(worker, Stop())
                     except OSError:
                         continue
             if exits:
@@ -959,14 +787,24 @@ class ProcessBackend(Backend):
         Workers get a grace period to do so; then they are terminated, killed, reaped.
         """
         self._detach()
-        for worker in self._workers:
+        for worker in self.workers:
             if worker.alive:
                 local = list(range(len(worker.group)))
-                close = CallOp([CLOSE] * len(local), "close")
                 with contextlib.suppress(OSError):
-                    self._post(worker, (-1, _worker.CALL, local, close))
+                    self._post(worker, Call(-1, local, close_op(len(local))))
         self._fill_actions = None  # it writes through views of the buffer unmapped next
         self._finalizer()
+
+
+def _loop_parked() -> bool:
+    """Whether the running loop is marked as running but is not running.
+
+    So it is while a caller drives a coroutine by hand (``coro.send``) with its
+    loop only marked as this thread's running loop: nothing else can make
+    progress until the coroutine suspends, so a wait that is all this
+    backend's own (its pipes and sentinels) may be a plain blocking ``poll``.
+    """
+    return not asyncio.get_running_loop().is_running()
 
 
 def _read(worker: _Worker) -> bytes | None:
@@ -984,7 +822,8 @@ def _first_message(worker: _Worker) -> Any:
     wait([worker.replies, worker.process.sentinel])
     try:
         if worker.replies.poll():
-            return pickle.loads(worker.replies.recv_bytes())[1]
+            reply: Reply = pickle.loads(worker.replies.recv_bytes())
+            return reply.body
     except (EOFError, OSError):
         pass
     worker.process.join(1.0)
@@ -994,7 +833,7 @@ def _first_message(worker: _Worker) -> Any:
 def _check_ready(worker: _Worker, reply: Any) -> EnvTraits:
     """The traits a new worker reported, or the error of its construction."""
     if reply is None:
-        text = worker.describe()
+        text = str(worker.death())
         if worker.process.exitcode == 1 and START_METHOD != "fork":
             text += (
                 f"; under the {START_METHOD!r} start method a worker imports the main module "
@@ -1003,13 +842,7 @@ def _check_ready(worker: _Worker, reply: Any) -> EnvTraits:
             )
         died = ChildProcessError(text)
         raise WorkerDiedError(dict.fromkeys(worker.group, died), "env_fns[...]()") from died
-    if reply[0] == "failed":
-        _, index, error, by_factory = reply
-        if by_factory:
-            raise EnvError({index: error}, f"env_fns[{index}]()") from error
-        raise error
-    traits: EnvTraits = reply[1]
-    return traits
+    return ready_traits(reply)
 
 
 def _reap(workers: list[_Worker], buffer: _SharedBuffer) -> None:

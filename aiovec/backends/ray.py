@@ -1,7 +1,10 @@
 """``backend="ray"``: envs in Ray actors, several envs per actor, on any Ray cluster.
 
-Theory of operation.  The envs are split into W contiguous groups (as the
-process backend splits them), one per Ray actor.  An actor starts empty; once
+Theory of operation.  The envs are split into W contiguous groups, one per Ray
+actor.  What envs grouped on workers mean (who owns an env, cancel, a worker's
+death, lost envs, rebuild, close) is `GroupedBackend`'s (``_grouped.py``), as
+for the process backend; this module is the transport: actors and object
+refs.  An actor starts empty; once
 Ray has placed it (a wait bounded by ``placement_timeout``), its ``load`` call
 builds its group from the cloudpickled factories into a `Group`, the very object
 a worker process hosts, and it runs every request through the
@@ -17,21 +20,17 @@ each returned object ref into an asyncio future (``ObjectRef.future`` through
 here blocks on ``ray.get`` once the vector env is built (construction has no
 loop, and waits for the actors to report their envs).
 
-A step's reply is the worker's step reply plus the actor's step arrays: the
-group's observations, rewards and flags written in place (``_core/layout.py``),
-returned as one numpy byte array.  The parent copies the rows of the envs
+A step's reply is the worker's `StepReply` carrying the actor's step arrays
+(``rows``): the group's observations, rewards and flags written in place
+(``_core/layout.py``), as one numpy byte array.  The parent copies the rows of the envs
 still waiting into a receive buffer of its own and hands them to the batcher
 as one `StepBlock`.  Nothing is shared across nodes.
 
-Each env remembers the request it waits on.  An actor call is not interrupted:
-``cancel`` reports the envs as cancelled at once and forgets their request;
-the late reply is dropped.  An actor that dies (killed, its process or its
-node lost) fails its envs in flight with ``WorkerDiedError`` and leaves all its
-envs *lost*: any later call on them fails the same way at once, until
-``rebuild`` starts a new actor for the group (envs of the group not rebuilt
-stay lost; the vector env's ``reset()`` rebuilds the lost envs it resets).
-``rebuild`` of an env whose actor is still busy with an abandoned call kills and
-replaces that actor.
+An actor that dies (killed, its process or its node lost) is seen as a Ray
+error on a call's reply: `GroupedBackend.lose` does the rest, Ray's exception
+the cause of the death.  Replacing an actor (`replace`) kills the old one and
+starts a new one for the same group, waiting for its placement within
+``placement_timeout``.
 
 On ``aclose`` the actors are killed, or, with an `ActorPool`, those whose envs
 all closed cleanly are kept idle for the next vector env to ``load`` its own
@@ -44,35 +43,36 @@ import asyncio
 import contextlib
 import functools
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar, TypeVar
 
-import anyio
 import cloudpickle
 import numpy as np
 import ray
 import ray.exceptions
 
 from aiovec._core import validate
-from aiovec._core.calls import CLOSE
 from aiovec._core.layout import StepArrays, StepLayout, copy_rows
 from aiovec._core.ops import CallOp, Op, StepOp
-from aiovec._core.rows import Rows, StepBlock
-from aiovec._errors import EnvError, WorkerDiedError
-from aiovec.backends._base import Backend, EnvTraits
-from aiovec.backends._worker import (
-    Group,
-    GroupFlow,
-    StepReply,
-    _BuildFailed,
-    _portable,
-    build_flow,
-    gather_outcomes,
+from aiovec._errors import WorkerDiedError
+from aiovec.backends import _drive as drive
+from aiovec.backends._base import EnvTraits
+from aiovec.backends._grouped import (
+    GroupedBackend,
+    Request,
+    close_op,
+    ready_traits,
 )
-from aiovec.backends.process import split
+from aiovec.backends._messages import (
+    CallReply,
+    Failed,
+    Ready,
+    RebuildReply,
+    StepReply,
+)
+from aiovec.backends._worker import Group, GroupFlow, _BuildFailed, build_flow, gather_outcomes
 
 __all__ = ("ACTOR_OPTIONS", "ActorPool", "RayBackend")
 
@@ -103,7 +103,6 @@ _DEFAULT_OPTIONS: dict[str, Any] = {
     "num_cpus": 0.01,
     "scheduling_strategy": "SPREAD",
 }
-_CLOSE_TIMEOUT = 10.0  # seconds for every env's close(); a hung env is abandoned
 _DEATHS = (ray.exceptions.RayError,)  # of the actor: killed, its process or node gone, ...
 _RAISED = ray.exceptions.RayTaskError  # ... unless the call itself raised (not the envs)
 T = TypeVar("T")
@@ -131,19 +130,19 @@ class _GroupActor:
     def __init__(self) -> None:
         self.group: Group | None = None
         self.raw: np.ndarray | None = None  # the group's step arrays, as bytes
-        self.failed: tuple[Any, ...] = ("failed", 0, RuntimeError("no group loaded"), False)
+        self.failed = Failed(0, RuntimeError("no group loaded"), False)
 
     async def placed(self) -> None:
         """Answers once the actor runs (for a bounded wait on its placement)."""
 
-    async def load(self, factories: bytes, first: int) -> tuple[Any, ...]:
+    async def load(self, factories: bytes, first: int) -> Ready | Failed:
         """Build the group of envs ``factories`` (the first is env ``first``); as `ready`."""
         self.group = self.raw = None
         try:
             fns = cloudpickle.loads(factories)  # built on this loop (the factory rule)
             self.group = Group(fns, first, envs=await _drive(build_flow(fns, first)))
         except _BuildFailed as failed:
-            self.failed = ("failed", failed.index, _portable(failed.error), failed.by_factory)
+            self.failed = failed.reply()
             return self.failed
         observation_space, action_space = self.group.spaces
         layout = StepLayout.of(observation_space, action_space, len(self.group.envs))
@@ -152,26 +151,26 @@ class _GroupActor:
             self.group.use_buffer(layout, self.raw.data, 0)
         return await self.ready()
 
-    async def ready(self) -> tuple[Any, ...]:
-        """``("ready", traits, node id)`` or ``("failed", index, error, by_factory)``."""
+    async def ready(self) -> Ready | Failed:
+        """The group's traits and this actor's node, or why the group could not be built."""
         if self.group is None:
             return self.failed
-        return "ready", self.group.traits(), ray.get_runtime_context().get_node_id()
+        return Ready(self.group.traits(), ray.get_runtime_context().get_node_id())
 
     async def step(
         self, locals_: Sequence[int], mode: str, reset_first: Sequence[bool], actions: list[Any]
-    ) -> tuple[StepReply, np.ndarray | None]:
+    ) -> StepReply:
         assert self.group is not None
         reply = await _drive(self.group.step_flow(locals_, mode, reset_first, actions))
-        return reply, self.raw
+        return reply._replace(rows=self.raw)
 
-    async def call(self, locals_: Sequence[int], op: CallOp) -> list[Any]:
+    async def call(self, locals_: Sequence[int], op: CallOp) -> CallReply:
         assert self.group is not None
-        return await _drive(self.group.call_flow(locals_, op))
+        return CallReply(await _drive(self.group.call_flow(locals_, op)))
 
-    async def rebuild(self, locals_: Sequence[int]) -> dict[int, BaseException]:
+    async def rebuild(self, locals_: Sequence[int]) -> RebuildReply:
         assert self.group is not None
-        return await _drive(self.group.rebuild_flow(locals_))
+        return RebuildReply(await _drive(self.group.rebuild_flow(locals_)))
 
 
 _RemoteGroup = ray.remote(max_restarts=0, max_concurrency=1)(_GroupActor)
@@ -280,18 +279,14 @@ class _Actor:
         where = f" on node {self.node_id}" if self.node_id else ""
         return f"Ray actor hosting envs {self.group.start}-{self.group.stop - 1}{where}"
 
-
-class _Request:
-    """A remote call in flight: its actor, its envs, when it started, its object ref."""
-
-    __slots__ = ("actor", "envs", "ref", "since")
-
-    def __init__(self, actor: _Actor, envs: Sequence[int], since: float) -> None:
-        self.actor, self.envs, self.since = actor, envs, since
-        self.ref: Any = None
+    def death(self, cause: BaseException) -> ChildProcessError:
+        """How it died (``cause``: Ray's word), as the cause of its envs' `WorkerDiedError`."""
+        died = ChildProcessError(f"{self.describe()} died ({type(cause).__name__})")
+        died.__cause__ = cause
+        return died
 
 
-class RayBackend(Backend):
+class RayBackend(GroupedBackend):
     """Hosts envs in Ray actors; awaits their replies as asyncio futures.
 
     The program normally connects to its cluster first (``ray.init(address=...)``);
@@ -310,18 +305,10 @@ class RayBackend(Backend):
 
     OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS | {POOL_OPTION, PLACEMENT_OPTION}
 
-    def __init__(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        num_workers: int | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(env_fns, num_workers, limiter, options)
+    def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
+        """Connect to Ray, read the options; one actor per CPU of the cluster by default."""
         if not ray.is_initialized():  # as Ray would on first use: RAY_ADDRESS, or a local one
             ray.init()
-        self._fns = list(env_fns)
-        options = dict(options or {})
         self._pool: ActorPool | None = options.pop(POOL_OPTION, None)
         if self._pool is not None and not isinstance(self._pool, ActorPool):
             raise TypeError(
@@ -331,62 +318,38 @@ class RayBackend(Backend):
         self._placement_timeout = _check_timeout(options.pop(PLACEMENT_OPTION, PLACEMENT_TIMEOUT))
         self._options = {**_DEFAULT_OPTIONS, **options}
         self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
-        count = min(num_workers or _cluster_cpus(), self.num_envs)
-        groups = split(self.num_envs, count)
-        self._owner = [w for w, group in enumerate(groups) for _ in group]
-        self._all = range(self.num_envs)
-        self._waiting_on: list[_Request | None] = [None] * self.num_envs
-        self._stuck: dict[int, _Request] = {}  # env -> its abandoned request still running
-        self._lost: set[int] = set()  # envs whose actor died
-        self._actors: list[_Actor] = []
         self._receive: StepArrays | None = None  # step rows, copied out of the replies
-        self._finalizer = weakref.finalize(self, _kill_all, self._actors)
-        try:
-            idle = self._pool.take(self._options, len(groups)) if self._pool else []
-            refs = []
-            for k, group in enumerate(groups):
-                actor, placed, loaded = self._start(group, idle[k] if k < len(idle) else None)
-                self._actors.append(actor)
-                refs.append((placed, loaded))
-            traits = [self._await_ready(w, *pair) for w, pair in enumerate(refs)]
-            self.traits = EnvTraits(
-                [space for t in traits for space in t.observation_spaces],
-                [space for t in traits for space in t.action_spaces],
-                traits[0].metadata,
-                traits[0].render_mode,
-            )
-        except BaseException:
-            self.close_now()
-            raise
+        self._finalizer = weakref.finalize(self, _kill_all, self.workers)
+        return num_workers or _cluster_cpus()
+
+    def start_workers(self) -> list[EnvTraits]:
+        """An actor per group (idle ones from the pool first), each loading its envs."""
+        idle = self._pool.take(self._options, len(self.groups)) if self._pool else []
+        refs = []
+        for k, group in enumerate(self.groups):
+            actor, placed, loaded = self._start(group, idle[k] if k < len(idle) else None)
+            self.workers.append(actor)
+            refs.append((placed, loaded))
+        return [self._await_ready(w, *pair) for w, pair in enumerate(refs)]
+
+    def started(self) -> None:
+        """Lay out each actor's step rows and the receive buffer they are copied into."""
         self._spaces = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
         layout = StepLayout.of(*self._spaces, self.num_envs)
         if layout is not None:
             self._receive = layout.arrays(bytearray(layout.nbytes))
-            for actor in self._actors:
+            for actor in self.workers:
                 actor.layout = StepLayout.of(*self._spaces, len(actor.group))
-
-    @property
-    def num_workers(self) -> int:
-        """How many actors host the envs."""
-        return len(self._actors)
-
-    @property
-    def lost(self) -> frozenset[int]:
-        """Envs whose actor died, until `rebuild` replaces it."""
-        return frozenset(self._lost)
 
     @property
     def node_ids(self) -> tuple[str | None, ...]:
         """The Ray node each actor runs on (for diagnostics and tests)."""
-        return tuple(actor.node_id for actor in self._actors)
+        return tuple(actor.node_id for actor in self.workers)
 
     @property
     def actors(self) -> tuple[Any, ...]:
         """The actor handles (for diagnostics and tests)."""
-        return tuple(actor.handle for actor in self._actors)
-
-    def _new_results(self) -> Rows:
-        return Rows()
+        return tuple(actor.handle for actor in self.workers)
 
     def _start(
         self, group: range, idle: tuple[Any, str | None] | None = None
@@ -417,7 +380,7 @@ class RayBackend(Backend):
         A new actor must be placed within the placement timeout; an idle one found
         dead (its node lost, ...) is replaced by a new one.
         """
-        actor = self._actors[w]
+        actor = self.workers[w]
         if placed is not None:
             try:
                 ray.get(placed, timeout=self._placement_timeout)
@@ -431,7 +394,7 @@ class RayBackend(Backend):
             except ray.exceptions.RayActorError:
                 actor.alive = False
                 actor, placed, loaded = self._start(actor.group)
-                self._actors[w] = actor
+                self.workers[w] = actor
                 return self._await_ready(w, placed, loaded)
             except _DEATHS:  # reported below
                 pass
@@ -446,243 +409,117 @@ class RayBackend(Backend):
             f"backend_options[{PLACEMENT_OPTION!r}])"
         )
 
-    def _check_ready(self, actor: _Actor, reply: tuple[Any, ...]) -> EnvTraits:
+    def _check_ready(self, actor: _Actor, reply: Ready | Failed) -> EnvTraits:
         """The traits a new actor reported (its node noted), or its construction's error."""
-        if reply[0] == "failed":
-            _, index, error, by_factory = reply
-            if by_factory:
-                raise EnvError({index: error}, f"env_fns[{index}]()") from error
-            raise error
-        _, traits, actor.node_id = reply
-        assert isinstance(traits, EnvTraits)
+        traits = ready_traits(reply)
+        assert isinstance(reply, Ready)
+        actor.node_id = reply.node_id
         return traits
 
     # -- running ops -------------------------------------------------------------------
 
-    def launch(self, indices: Sequence[int], op: Op) -> None:
-        """Make one remote call per actor hosting some of ``indices``; returns at once."""
-        loop = asyncio.get_running_loop()
-        since = time.perf_counter()
-        for i in indices:
-            self._mark_waiting(i, since)
-        if indices == self._all and not self._lost:  # each actor gets its whole group
-            for actor in self._actors:
-                self._request(loop, actor, actor.group, op.subset(actor.group), since)
-            return
-        by_actor: dict[int, list[int]] = {}
-        for k, i in enumerate(indices):
-            by_actor.setdefault(self._owner[i], []).append(k)
-        for w, given in by_actor.items():
-            lost = [indices[k] for k in given if indices[k] in self._lost]
-            if lost:
-                self._fail_lost(lost)
-            positions = [k for k in given if indices[k] not in self._lost]
-            if positions:
-                envs = [indices[k] for k in positions]
-                self._request(loop, self._actors[w], envs, op.subset(positions), since)
-
-    def _fail_lost(self, lost: list[int]) -> None:
-        died = RuntimeError(
-            f"the Ray actor hosting env(s) {lost} died; their envs are gone "
-            "(on_error='restart' rebuilds them on a new actor)"
-        )
-        self._fail_gone(lost, died)
-
-    def _request(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        actor: _Actor,
-        envs: Sequence[int],
-        op: Op,
-        since: float,
-    ) -> None:
-        """Call ``op`` for ``envs`` (all hosted by ``actor``); the reply comes to the loop."""
-        first = actor.group.start
+    def request(self, worker: _Actor, envs: Sequence[int], op: Op, since: float) -> None:
+        """Call ``op`` for ``envs`` (all hosted by ``worker``); the reply comes to the loop."""
+        first = worker.group.start
         locals_ = [i - first for i in envs]
-        request = _Request(actor, envs, since)
         try:
             if isinstance(op, StepOp):
-                request.ref = actor.handle.step.remote(
+                ref = worker.handle.step.remote(
                     locals_, op.mode.value, list(op.reset_first), list(op.actions)
                 )
             else:
-                request.ref = actor.handle.call.remote(locals_, op)
+                ref = worker.handle.call.remote(locals_, op)
         except Exception as exc:  # e.g. an argument that cannot be serialised
-            for i in envs:
-                self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {exc}"))
+            self.unsendable(envs, op, exc)
             return
-        for i in envs:
-            self._waiting_on[i] = request
-        future = asyncio.wrap_future(_future_of(request.ref), loop=loop)
+        request = Request(worker, envs, since)
+        self.wait_on(request, envs)
+        future = _future(ref)
         future.add_done_callback(functools.partial(self._deliver, request))
 
-    def _deliver(self, request: _Request, future: asyncio.Future[Any]) -> None:
+    def _deliver(self, request: Request, future: asyncio.Future[Any]) -> None:
         """On the loop: a remote call ended; hand its envs' outcomes over."""
-        waiting_on = self._waiting_on
-        waiting = [i for i in request.envs if waiting_on[i] is request]
-        for i in request.envs:
-            if waiting_on[i] is request:
-                waiting_on[i] = None
-            elif self._stuck.get(i) is request:  # an abandoned call's late outcome: dropped
-                del self._stuck[i]
         try:
             reply = future.result()
         except _RAISED as exc:  # the call itself failed (e.g. a reply that did not serialise)
-            for i in waiting:
+            for i in self.waiting(request):
                 self._finish(i, None, exc)
             return
         except _DEATHS as exc:
-            for i in waiting:  # they were waiting on it: they fail with it
-                waiting_on[i] = request
-            self._on_death(request.actor, exc)
+            self._on_death(request.worker, exc)
             return
         except BaseException as exc:
-            for i in waiting:
+            for i in self.waiting(request):
                 self._finish(i, None, exc)
             return
-        if not waiting:
-            return
-        if isinstance(reply, list):
-            outcomes = dict(zip(request.envs, reply, strict=True))
-            for i in waiting:
-                value, error = outcomes[i]
-                self._finish(i, value, error)
-            return
-        self._deliver_step(request, waiting, reply)
+        if type(reply) is StepReply:
+            self.deliver_step(request, reply)
+        else:
+            self.deliver_calls(request, reply.outcomes)
 
-    def _deliver_step(
-        self,
-        request: _Request,
-        waiting: list[int],
-        reply: tuple[StepReply, np.ndarray | None],
-    ) -> None:
-        (_, errors, infos, finals, odd), raw = reply
-        first = request.actor.group.start
-        rows: list[int] = []
-        for i in waiting:
-            j = i - first
-            if j in errors:
-                self._finish(i, None, errors[j])
-            elif j in odd:
-                self._finish(i, odd[j], None)
-            else:
-                rows.append(i)
-        if not rows:
-            return
-        layout, receive = request.actor.layout, self._receive
-        assert layout is not None
-        assert receive is not None  # else every env is odd
-        assert raw is not None
-        _copy_step_rows(receive, layout.arrays(raw), rows, first)
-        envs: Sequence[int] = rows
-        if len(rows) == len(request.actor.group):
-            envs = request.actor.group
-        block = StepBlock(
-            envs,
-            receive,
-            {first + j: info for j, info in infos.items()},
-            {first + j: final for j, final in finals.items()},
+    def step_arrays(self) -> StepArrays:
+        """The receive buffer: each actor's step rows are copied into it."""
+        assert self._receive is not None  # else every env is odd
+        return self._receive
+
+    def step_rows(self, request: Request, rows: Sequence[int], reply: StepReply) -> Sequence[int]:
+        """Copy ``rows`` out of the actor's step arrays into the receive buffer."""
+        actor = request.worker
+        assert actor.layout is not None
+        assert reply.rows is not None
+        _copy_step_rows(
+            self.step_arrays(), actor.layout.arrays(reply.rows), rows, actor.group.start
         )
-        self._finish_block(block, request.since)
+        return actor.group if len(rows) == len(actor.group) else rows
 
     def _on_death(self, actor: _Actor, cause: BaseException) -> None:
         """``actor`` died: fail its envs in flight, lose all its envs."""
         if not actor.alive:
-            self._fail_waiting(actor, cause)
+            self.fail_waiting(actor, actor.death(cause))
             return
         actor.alive = False
         with contextlib.suppress(Exception):  # if Ray only lost touch with it: it must go
             ray.kill(actor.handle, no_restart=True)
-        self._lost.update(actor.group)
-        for i in actor.group:
-            self._stuck.pop(i, None)
-        self._fail_waiting(actor, cause)
-
-    def _fail_waiting(self, actor: _Actor, cause: BaseException) -> None:
-        """Fail the envs waiting on ``actor`` (not on the actor that replaced it)."""
-        waiting_on = self._waiting_on
-        waiting = [i for i in actor.group if (r := waiting_on[i]) is not None and r.actor is actor]
-        if not waiting:
-            return
-        for i in waiting:
-            self._waiting_on[i] = None
-        # the cause of death itself (as the process backend gives its worker's), and where
-        cause.add_note(f"(the {actor.describe()})")
-        error = WorkerDiedError(dict.fromkeys(waiting, cause), actor.describe())
-        for i in waiting:
-            self._finish(i, None, error)
-
-    def cancel(self, indices: Iterable[int] | None = None) -> None:
-        """Abandon the calls in flight (of ``indices``, or all): actors run them to the end."""
-        for i in list(self.pending if indices is None else self.pending.intersection(indices)):
-            request, self._waiting_on[i] = self._waiting_on[i], None
-            if request is not None:
-                self._stuck[i] = request
-            self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
+        self.lose(actor, actor.death(cause))
 
     # -- rebuilding ------------------------------------------------------------------
 
-    async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
-        """Rebuild envs in their actor; a dead or stuck actor is replaced by a new one."""
-        by_actor: dict[int, list[int]] = {}
-        for i in indices:
-            by_actor.setdefault(self._owner[i], []).append(i)
-        errors: dict[int, BaseException] = {}
-        calls = [self._rebuild_group(w, envs) for w, envs in by_actor.items()]
-        for envs, outcome in zip(
-            by_actor.values(), await asyncio.gather(*calls, return_exceptions=True), strict=True
-        ):
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, Exception):
-                    raise outcome
-                errors.update(dict.fromkeys(envs, outcome))
-            else:
-                errors.update(outcome)
-        return errors
+    async def rebuild_in_place(self, w: int, locals_: list[int]) -> dict[int, BaseException] | None:
+        """Rebuild envs ``locals_`` in actor ``w``; ``None`` if it died meanwhile."""
+        actor = self.workers[w]
+        try:
+            reply: RebuildReply = await _future(actor.handle.rebuild.remote(locals_))
+        except _DEATHS as exc:
+            self._on_death(actor, exc)
+            return None
+        return reply.errors
 
-    async def _rebuild_group(self, w: int, envs: list[int]) -> dict[int, BaseException]:
-        actor = self._actors[w]
-        first = actor.group.start
-        if actor.alive and not any(i in self._stuck for i in actor.group):
-            try:
-                failed = await _future(actor.handle.rebuild.remote([i - first for i in envs]))
-            except _DEATHS as exc:
-                self._on_death(actor, exc)
-            else:
-                return {first + j: error for j, error in failed.items()}
+    async def replace(self, w: int) -> EnvTraits:
+        """Kill actor ``w`` (if it still runs) and start a new one for its group."""
+        actor = self.workers[w]
         if actor.alive:
             ray.kill(actor.handle, no_restart=True)
             self._on_death(actor, RuntimeError("killed to be replaced"))
         new, placed, loaded = self._start(actor.group)
-        self._actors[w] = new
+        self.workers[w] = new
         new.layout = actor.layout
         try:
             await asyncio.wait_for(_future(placed), self._placement_timeout)
         except TimeoutError:
             new.alive = False
             _kill(new.handle)
-            return dict.fromkeys(envs, self._not_placed(new))
+            raise self._not_placed(new) from None
         except _DEATHS:  # its load fails the same way: raised below
             pass
-        traits = self._check_ready(new, await _future(loaded))
-        for i in envs:
-            for kind, space, want in (
-                ("observation_space", traits.observation_spaces[i - first], self._spaces[0]),
-                ("action_space", traits.action_spaces[i - first], self._spaces[1]),
-            ):
-                if space != want:
-                    raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {want}")
-        self._lost.difference_update(envs)
-        return {}
+        return self._check_ready(new, await _future(loaded))
 
     # -- closing ---------------------------------------------------------------------
 
     async def aclose(self) -> dict[int, BaseException]:
         """Close every env still hosted, then kill every actor."""
-        alive = [i for i in range(self.num_envs) if i not in self._lost]
         errors: dict[int, BaseException] | None = None
         try:
-            errors = await self._close_envs(alive, _CLOSE_TIMEOUT)
+            errors = await self.close_live_envs()
             return errors
         finally:
             if errors is not None and self._pool is not None:
@@ -691,8 +528,8 @@ class RayBackend(Backend):
 
     def _give_back(self, pool: ActorPool, errors: Mapping[int, BaseException]) -> None:
         """Give the pool every live actor whose envs all closed cleanly (the rest are killed)."""
-        for actor in self._actors:
-            clean = not any(i in errors or i in self._stuck for i in actor.group)
+        for actor in self.workers:
+            clean = not any(i in errors or i in self.stuck for i in actor.group)
             if actor.alive and clean:
                 actor.alive = False  # not the finalizer's to kill any more
                 pool.give(self._options, actor.handle, actor.node_id)
@@ -700,24 +537,23 @@ class RayBackend(Backend):
     def close_now(self) -> None:
         """Without a loop (construction failed): close the envs (best effort), kill the actors."""
         closes = []
-        for actor in self._actors:
+        for actor in self.workers:
             if actor.placed is not None and not ray.wait([actor.placed], timeout=0)[0]:
                 continue  # not placed (yet): it hosts no env to close
             local = list(range(len(actor.group)))
-            close = CallOp([CLOSE] * len(local), "close")
             try:
-                closes.append(actor.handle.call.remote(local, close))
+                closes.append(actor.handle.call.remote(local, close_op(len(local))))
             except Exception:  # the construction error matters more
                 continue
         if closes:
-            ray.wait(closes, num_returns=len(closes), timeout=_CLOSE_TIMEOUT)
+            ray.wait(closes, num_returns=len(closes), timeout=drive.CLOSE_TIMEOUT)
         self._finalizer()
 
 
-def _ready(actor: _Actor, ref: Any) -> tuple[Any, ...]:
+def _ready(actor: _Actor, ref: Any) -> Ready | Failed:
     """An actor's reply to ``load`` (construction has no loop: this waits on Ray)."""
     try:
-        reply: tuple[Any, ...] = ray.get(ref)
+        reply: Ready | Failed = ray.get(ref)
     except _DEATHS as exc:
         died = RuntimeError(
             f"the {actor.describe()} failed as it started: {exc}; can it unpickle the env "
@@ -748,13 +584,15 @@ def _future(ref: Any) -> asyncio.Future[Any]:
     return asyncio.wrap_future(_future_of(ref))
 
 
-def _copy_step_rows(target: StepArrays, source: StepArrays, rows: list[int], first: int) -> None:
+def _copy_step_rows(
+    target: StepArrays, source: StepArrays, rows: Sequence[int], first: int
+) -> None:
     """Copy env rows ``rows`` (global) of a group's step arrays (rows from ``first``) into place."""
     if rows[-1] - rows[0] == len(rows) - 1:  # contiguous: slices, no fancy indexing
         into: slice | list[int] = slice(rows[0], rows[-1] + 1)
         out: slice | list[int] = slice(rows[0] - first, rows[-1] + 1 - first)
     else:
-        into, out = rows, [i - first for i in rows]
+        into, out = list(rows), [i - first for i in rows]
     copy_rows(target.observations, source.observations, into, out)
     for name in ("rewards", "terminations", "truncations"):
         getattr(target, name)[into] = getattr(source, name)[out]

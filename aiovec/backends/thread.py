@@ -288,7 +288,8 @@ class ThreadBackend(Backend):
 def _check_env(i: int, env: Any) -> None:
     if inspect.isawaitable(env):  # an async factory: there is no loop on an env's thread
         if inspect.iscoroutine(env):
-            env.close()
+            never_awaited = env
+            never_awaited.close()  # so that it does not warn "never awaited"
         raise TypeError(
             f"env_fns[{i}]() returned an awaitable ({type(env).__name__}): an async factory; "
             "backend='thread' builds synchronous envs on their own threads, where no event "
