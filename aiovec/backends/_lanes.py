@@ -44,6 +44,8 @@ PENDING: Any = object()
 """Returned by `Lanes.start` for a coroutine that suspended."""
 
 OnDone = Callable[[int, Any, BaseException | None], None]
+Then = Callable[[int, Any], Any]
+"""``then(i, value)``: the next coroutine of env ``i``'s call, or the call's value."""
 
 
 class Lanes:
@@ -55,12 +57,21 @@ class Lanes:
         self._tasks: list[asyncio.Task[None] | None] = [None] * num_envs
         self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
         self._contexts: list[contextvars.Context | None] = [None] * num_envs
+        # What `start` hands over to a lane: the coroutine, what it waits on, ``then``.
+        self._coros: list[Coroutine[Any, Any, Any] | None] = [None] * num_envs
+        self._firsts: list[Any] = [None] * num_envs
+        self._thens: list[Then | None] = [None] * num_envs
 
-    def start(self, i: int, coro: Coroutine[Any, Any, Any]) -> Any:
+    def start(self, i: int, coro: Coroutine[Any, Any, Any], then: Then | None = None) -> Any:
         """Drive ``coro`` eagerly on env ``i``'s lane.
 
         Must be called from code running in the event loop, between
-        `enter` and `leave`.
+        `enter` and `leave`.  ``then`` (if given) continues the call when
+        ``coro`` has suspended: the lane calls ``then(i, value)`` with the
+        value ``coro`` returns, and carries on with the coroutine it returns,
+        or reports what it returns otherwise as the call's value.  (A step is
+        its env's flow around one or two env calls: the flow is pushed by a
+        plain call, not by a coroutine wrapped around the env's.)
 
         Returns:
             The coroutine's value when it finished eagerly (its exception
@@ -82,9 +93,11 @@ class Lanes:
                 return stop.value
             finally:
                 _leave_task(loop, task)
+        # Handed over in per-lane slots, not a tuple: nothing allocated but the wake-up.
+        self._coros[i], self._firsts[i], self._thens[i] = coro, yielded, then
         wake = self._wakes[i]
         assert wake is not None
-        wake.set_result((coro, yielded))
+        wake.set_result(None)
         return PENDING
 
     def enter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
@@ -145,33 +158,44 @@ class Lanes:
     async def _lane(self, i: int) -> None:
         await self._serve(i)
 
+    def _close_unstarted(self, i: int, cancelled: BaseException) -> None:
+        """Env ``i``'s lane was cancelled before it started the coroutine handed over."""
+        coro = self._coros[i]
+        self._coros[i] = self._thens[i] = None
+        assert coro is not None
+        coro.close()
+        self._on_done(i, None, cancelled)
+
     @types.coroutine
     def _serve(self, i: int) -> Generator[Any, Any, None]:
         """The lane's body: a generator, so that carrying on a call allocates nothing.
 
         It re-yields what the coroutine handed over waits on, then delegates to
         the coroutine with ``yield from`` (in C), as ``Resume`` would but
-        without a new object per call.
+        without a new object per call; ``then`` continues the call with more
+        coroutines, in this same task.
         """
         loop = self._loop
         assert loop is not None
         on_done = self._on_done
+        coros, firsts, thens = self._coros, self._firsts, self._thens
         while True:
             wake = self._wakes[i]
             assert wake is not None
             try:
-                coro, first = yield from wake
+                yield from wake
             except asyncio.CancelledError as exc:
                 if not wake.done() or wake.cancelled():
                     raise  # an idle lane was cancelled: it just ends
                 # Cancelled between the hand-over and the resumption: deliver the
                 # cancellation the way a task would, then let the env unwind.
-                coro, first = wake.result()
-                if first is _FRESH:
-                    coro.close()
-                    on_done(i, None, exc)
+                if firsts[i] is _FRESH:
+                    self._close_unstarted(i, exc)
                     raise
-                _deliver_cancellation(first)
+                _deliver_cancellation(firsts[i])
+            coro, first, then = coros[i], firsts[i], thens[i]
+            coros[i] = firsts[i] = thens[i] = None
+            assert coro is not None
             self._wakes[i] = loop.create_future()
             try:
                 value: Any = _FRESH  # not known yet
@@ -188,12 +212,19 @@ class Lanes:
                         break
                 if value is _FRESH:
                     value = yield from coro
+                while then is not None:  # the call goes on: its next coroutine, or its value
+                    coro = then(i, value)
+                    if not asyncio.iscoroutine(coro):
+                        value = coro
+                        break
+                    value = yield from coro
             except BaseException as exc:
                 on_done(i, None, exc)
                 if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
             else:
                 on_done(i, value, None)
+            coro = first = value = then = None  # an idle lane holds nothing of its last call
 
 
 def _deliver_cancellation(waiting_on: Any) -> None:

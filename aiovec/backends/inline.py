@@ -10,17 +10,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
-from aiovec._core.calls import flow_at
+from aiovec._core.calls import EnvCall, flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
 from aiovec.backends._base import Backend, EnvTraits, build_envs
 from aiovec.backends._drive import (
     StepFlow,
     aclose_quietly,
+    async_call,
     close_quietly,
     perform_async,
     perform_sync,
@@ -57,6 +58,7 @@ class InlineBackend(Backend):
             raise
         self._any_async = any(self._is_async)
         self._flows: list[StepFlow | None] = [None] * self.num_envs
+        self._actions: list[Any] = [None] * self.num_envs  # of each async env's step in flight
         self._lanes = Lanes(self.num_envs, self._finish)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
         self.traits = EnvTraits.of(self._envs)
@@ -75,7 +77,9 @@ class InlineBackend(Backend):
                 (i, perform_sync, perform_async, (envs[i], call))
                 for i, call in zip(indices, op.calls, strict=True)
             )
-        elif self._any_async:
+        elif self._any_async and self.limiter is None:
+            self._step_each(indices, op)
+        elif self._any_async:  # each call holds a token: a coroutine around the env's
             self._run_each(
                 (i, step_sync, step_async, (envs[i], flows[i] or flow_at(flows, i, op.mode), rf, a))
                 for i, rf, a in zip(indices, op.reset_first, op.actions, strict=True)
@@ -117,6 +121,54 @@ class InlineBackend(Backend):
         finally:
             if loop is not None:
                 lanes.leave(caller)
+
+    def _step_each(self, indices: Sequence[int], op: StepOp) -> None:
+        """Step envs, sync ones now and async ones eagerly, with no coroutine of aiovec's.
+
+        An async env's step coroutines are its own: each is driven on the env's
+        lane and its value is sent into the env's flow by a plain call (here,
+        or by `_advance` in the lane once it waited), so a step allocates
+        nothing per env beyond the env's coroutine.
+        """
+        envs, flows, is_async, results = self._envs, self._flows, self._is_async, self._results
+        lanes, actions, advance = self._lanes, self._actions, self._advance
+        since = time.perf_counter()
+        loop = self._loop = asyncio.get_running_loop()
+        caller = lanes.enter(loop)
+        try:
+            for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
+                try:
+                    flow = flows[i] or flow_at(flows, i, op.mode)
+                    if not is_async[i]:
+                        results[i] = step_sync(envs[i], flow, first, action)
+                        continue
+                    actions[i] = action
+                    call = flow.send(first)
+                    while type(call) is not tuple:
+                        coro = async_call(envs[i], cast(EnvCall, call), action)
+                        call = lanes.start(i, coro, advance)
+                        if call is PENDING:
+                            self._mark_waiting(i, since)
+                            break
+                        call = flow.send(call)
+                    else:
+                        results[i] = call
+                except BaseException as exc:
+                    self._fail(i, exc)
+        finally:
+            lanes.leave(caller)
+
+    def _advance(self, i: int, value: Any) -> Any:
+        """Send the value of env ``i``'s call into its flow; the next call's coroutine, or the end.
+
+        The end is the env's transition (a tuple), its step's value.
+        """
+        flow = self._flows[i]
+        assert flow is not None
+        call = flow.send(value)
+        if type(call) is tuple:
+            return call
+        return async_call(self._envs[i], cast(EnvCall, call), self._actions[i])
 
     def _fail(self, i: int, error: BaseException) -> None:
         self._flows[i] = None  # it still expects the failed call's result
