@@ -437,3 +437,24 @@ def test_latency_of_envs_that_ended_together():
     stats = book.summary()
     assert stats.count.tolist() == [1, 1, 2, 2, 1]
     assert stats.mean.tolist() == pytest.approx([2.0, 1.0, 2.0, 3.5, 2.0])
+
+
+def test_latency_and_restart_books_take_no_memory_per_env_until_used():
+    """At 100,000 envs an empty deque per env was 150 MB (docs/performance.md)."""
+    import tracemalloc
+
+    from aiovec._core.restart import RestartBook, RestartPolicy
+
+    tracemalloc.start()
+    try:
+        books = LatencyBook(100_000), RestartBook(RestartPolicy(), 100_000)
+        used, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert used < 100_000 * 10  # a list slot per env (8 bytes) at most
+    latency, restarts = books
+    latency.record(7, 0.5)
+    assert restarts.may_restart(7, now=0.0)
+    restarts.record([7], now=0.0)
+    assert latency.summary().count[7] == 1
+    assert latency.summary().count.sum() == 1
