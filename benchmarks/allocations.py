@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/allocations.py              # every case, ~1 minute
+    python benchmarks/allocations.py              # every case, ~10 s
     python benchmarks/allocations.py --quick      # CI smoke test, small N, a few seconds
     python benchmarks/allocations.py --memory 100000   # + aiovec's own RSS per env
     python benchmarks/allocations.py --json allocations.json
@@ -23,19 +23,23 @@ small-object allocation, containers or not; objects kept on CPython's free
 lists count as allocated, so blocks can hide some churn).  Readings are taken:
 
 ``never suspends`` (``AsyncTrivialEnv``, N = 64 and 512)
-    while the first and the last env's ``step`` runs, and after the step.
+    while the first and the last env's ``step`` runs.
     *kept per env*: growth between the first and the last env, over N - 1
     (what each env's result holds until the batch is built); *in flight at
     one env*: growth up to the first env's ``step`` (the call's fixed cost
-    plus one env's call in flight); *left after*: growth that outlives the
-    step (0: nothing leaks).  The floor is a bare driver that sends ``None``
-    into each env's ``step`` coroutine and keeps the results in a list.
+    plus one env's call in flight).  The floor is a bare driver that sends
+    ``None`` into each env's ``step`` coroutine and keeps the results in a list.
 ``suspends`` (each env's ``step`` awaits a future of its own, N = 1,000
     and 10,000)
     once every env is suspended and the loop has settled (three iterations
     later), per env.  *env's own*: the env coroutines suspended by hand, with
-    nothing driving them (a coroutine and its future each); a bare
-    ``asyncio.gather`` adds a Task (and its context) per env.
+    nothing driving them (a coroutine, its future and the future's
+    iterator each); a bare ``asyncio.gather`` adds a Task (and its context)
+    per env.
+
+Every case also counts the cyclic garbage the step left: what ``gc.collect()``
+finds unreachable afterwards, per env (reference cycles, which only the
+collector frees).
 
 ``--memory N`` adds aiovec's own resident memory per env over N
 ``AsyncTrivialEnv`` on inline, measured in fresh processes by
