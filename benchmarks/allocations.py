@@ -39,7 +39,10 @@ lists count as allocated, so blocks can hide some churn).  Readings are taken:
 
 Every case also counts the cyclic garbage the step left: what ``gc.collect()``
 finds unreachable afterwards, per env (reference cycles, which only the
-collector frees).
+collector frees); and the calls one more step makes, per env: Python calls
+(generator and coroutine resumptions included) and calls of C functions, as
+``sys.setprofile`` sees them, a deterministic measure of the interpreter's
+work where timings are not to be trusted.
 
 ``--memory N`` adds aiovec's own resident memory per env over N
 ``AsyncTrivialEnv`` on inline, measured in fresh processes by
@@ -66,7 +69,8 @@ import aiovec
 from aiovec.testing import AsyncTrivialEnv
 
 Reading = tuple[int, int]  # (GC objects in generation 0, allocated blocks)
-Counted = tuple[Reading, int]  # the reading before a step; the cyclic garbage it left
+Counted = tuple[Reading, int, tuple[int, int]]
+"""The reading before a step, the cyclic garbage it left, its (Python, C) calls."""
 
 
 def reading() -> Reading:
@@ -78,6 +82,28 @@ def reading() -> Reading:
 def grown(after: Reading, before: Reading, per: int = 1) -> tuple[float, float]:
     """Growth between two readings, per ``per``."""
     return (after[0] - before[0]) / per, (after[1] - before[1]) / per
+
+
+@contextlib.contextmanager
+def calls_counted(counts: list[int]) -> Iterator[None]:
+    """Count the Python calls (generator resumptions included) and C calls in the block.
+
+    ``counts`` becomes ``[python, c]``: ``sys.setprofile``'s ``call`` and
+    ``c_call`` events, a deterministic measure of the interpreter's work.
+    """
+    counts[:] = [0, 0]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            counts[0] += 1
+        elif event == "c_call":
+            counts[1] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
 
 
 @contextlib.contextmanager
@@ -155,10 +181,11 @@ class WaitingEnv(AsyncTrivialEnv):
 
 
 def count_sync(step: Callable[[], Any], at: tuple[int, ...], expect: int) -> Counted:
-    """The reading before one ``step()`` (after warm-up, the collector off), and its garbage.
+    """The reading before one ``step()`` (after warm-up, the collector off), and more.
 
-    The garbage is what ``gc.collect()`` finds unreachable after the step:
-    reference cycles, which only the collector frees.
+    Also the garbage, what ``gc.collect()`` finds unreachable after the step
+    (reference cycles, which only the collector frees), and the calls made by
+    one more step.
     """
     for _ in range(3):
         PROBE.arm(expect=expect)
@@ -168,7 +195,13 @@ def count_sync(step: Callable[[], Any], at: tuple[int, ...], expect: int) -> Cou
         before = reading()
         step()
         garbage = gc.collect()
-    return before, garbage
+    calls: list[int] = []
+    marks = PROBE.marks  # the counted step's
+    PROBE.arm(expect=expect)
+    with calls_counted(calls):
+        step()
+    PROBE.marks = marks
+    return before, garbage, (calls[0], calls[1])
 
 
 async def count_async(
@@ -183,11 +216,17 @@ async def count_async(
         before = reading()
         await step()
         garbage = gc.collect()
-    return before, garbage
+    calls: list[int] = []
+    marks = PROBE.marks  # the counted step's
+    PROBE.arm(expect=expect)
+    with calls_counted(calls):
+        await step()
+    PROBE.marks = marks
+    return before, garbage, (calls[0], calls[1])
 
 
 def eager_row(name: str, n: int, counted: Counted) -> dict[str, Any]:
-    before, garbage = counted
+    before, garbage, calls = counted
     first, last = PROBE.marks[1], PROBE.marks[n]
     return {
         "case": "never suspends",
@@ -196,17 +235,19 @@ def eager_row(name: str, n: int, counted: Counted) -> dict[str, Any]:
         "kept_per_env": grown(last, first, n - 1),
         "in_flight_at_one_env": grown(first, before),
         "garbage_per_env": garbage / n,
+        "calls_per_env": (calls[0] / n, calls[1] / n),
     }
 
 
 def waiting_row(name: str, n: int, counted: Counted) -> dict[str, Any]:
-    before, garbage = counted
+    before, garbage, calls = counted
     return {
         "case": "suspends",
         "candidate": name,
         "num_envs": n,
         "alive_per_env": grown(PROBE.marks[0], before, n),
         "garbage_per_env": garbage / n,
+        "calls_per_env": (calls[0] / n, calls[1] / n),
     }
 
 
@@ -305,13 +346,16 @@ def fmt(value: Any) -> str:
 
 
 TABLES = {
-    "never suspends": ("kept_per_env", "in_flight_at_one_env", "garbage_per_env"),
-    "suspends": ("alive_per_env", "garbage_per_env"),
+    "never suspends": ("kept_per_env", "in_flight_at_one_env", "garbage_per_env", "calls_per_env"),
+    "suspends": ("alive_per_env", "garbage_per_env", "calls_per_env"),
 }
 
 
 def print_report(rows: list[dict[str, Any]], memory: dict[str, Any] | None) -> None:
-    print(f"Python {sys.version.split()[0]}, aiovec {aiovec.__version__}; GC objects / blocks")
+    print(
+        f"Python {sys.version.split()[0]}, aiovec {aiovec.__version__}; pairs are"
+        " GC objects / blocks, or Python calls / C calls"
+    )
     for case, columns in TABLES.items():
         print(f"\n{case}\n\n| candidate | N | {' | '.join(columns)} |")
         print("|---|---:|" + "---:|" * len(columns))
