@@ -437,3 +437,43 @@ async def test_suspended_envs_keep_no_more_objects_alive_than_their_own_plus_two
         # the env's own: its step coroutine, its future, the future's iterator; and a
         # fixed few for the vector call itself (its coroutines, the op, lists)
         assert alive[0] - before <= (3 + 2) * n + 50
+
+
+class _Reply:
+    """An awaitable that is not a coroutine: it waits (or not), then gives its value."""
+
+    def __init__(self, value, waits):
+        self.value, self.waits = value, waits
+
+    def __await__(self):
+        if self.waits:
+            yield from asyncio.sleep(0).__await__()
+        return self.value
+
+
+class AwaitableStepEnv(gymnasium.Env[int, int]):
+    """``step`` returns an awaitable of another kind (a coroutine function marked as one
+    with ``inspect.markcoroutinefunction`` may); the test treats the env as async."""
+
+    observation_space = DISCRETE
+    action_space = DISCRETE
+
+    def __init__(self, waits):
+        self.waits = waits
+
+    def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    def step(self, action):
+        return _Reply((int(action), 1.0, False, False, {}), self.waits)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("waits", [False, True])
+async def test_a_step_that_returns_another_awaitable_is_awaited(monkeypatch, waits):
+    monkeypatch.setattr("aiovec.backends.inline.is_async_env", lambda env: True)
+    async with aiovec.AsyncioVectorEnv([lambda: AwaitableStepEnv(waits)] * 3) as venv:
+        await venv.reset()
+        obs, rewards, *_ = await venv.step(np.array([1, 2, 3]))
+        assert obs.tolist() == [1, 2, 3]
+        assert rewards.tolist() == [1.0, 1.0, 1.0]

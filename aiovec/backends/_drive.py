@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import types
 from collections.abc import Coroutine, Sequence
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ __all__ = (
     "aclose_quietly",
     "async_call",
     "close_quietly",
+    "coroutine_of",
     "perform_async",
     "perform_sync",
     "step_async",
@@ -88,9 +90,23 @@ def async_call(env: Any, call: EnvCall, action: Any = None) -> Coroutine[Any, An
     with a plain call (a coroutine per env-step fewer than `step_async`).
     """
     if call is STEP:
-        coro: Coroutine[Any, Any, Any] = env.step(action)
-        return coro
+        return coroutine_of(env.step(action))
     return perform_async(env, call, action)
+
+
+def coroutine_of(awaitable: Any) -> Coroutine[Any, Any, Any]:
+    """``awaitable`` if it is a native coroutine (``async def``), else one that awaits it.
+
+    An env's ``step`` marked as a coroutine function (``inspect.markcoroutinefunction``)
+    may return any awaitable; what is driven by hand must be a coroutine.
+    """
+    if type(awaitable) is types.CoroutineType:
+        return cast(Coroutine[Any, Any, Any], awaitable)
+    return _awaiting(awaitable)
+
+
+async def _awaiting(awaitable: Any) -> Any:
+    return await awaitable
 
 
 async def perform_async(env: Any, call: EnvCall, action: Any = None) -> Any:

@@ -30,7 +30,7 @@ import asyncio.tasks as _asyncio_tasks
 import contextvars
 import types
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import Any, cast
 
 _Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
 # The same hooks asyncio's own eager tasks use; absent on other interpreters.
@@ -45,7 +45,7 @@ PENDING: Any = object()
 
 OnDone = Callable[[int, Any, BaseException | None], None]
 Then = Callable[[int, Any], Any]
-"""``then(i, value)``: the next coroutine of env ``i``'s call, or the call's value."""
+"""``then(i, value)``: the next coroutine (``async def``) of env ``i``'s call, or its value."""
 
 
 class Lanes:
@@ -68,8 +68,8 @@ class Lanes:
         Must be called from code running in the event loop, between
         `enter` and `leave`.  ``then`` (if given) continues the call when
         ``coro`` has suspended: the lane calls ``then(i, value)`` with the
-        value ``coro`` returns, and carries on with the coroutine it returns,
-        or reports what it returns otherwise as the call's value.  (A step is
+        value ``coro`` returns, and carries on with the native coroutine it
+        returns, or reports anything else it returns as the call's value.  (A step is
         its env's flow around one or two env calls: the flow is pushed by a
         plain call, not by a coroutine wrapped around the env's.)
 
@@ -213,11 +213,11 @@ class Lanes:
                 if value is _FRESH:
                     value = yield from coro
                 while then is not None:  # the call goes on: its next coroutine, or its value
-                    coro = then(i, value)
-                    if not asyncio.iscoroutine(coro):
-                        value = coro
+                    after: Any = then(i, value)
+                    if type(after) is not types.CoroutineType:
+                        value = after
                         break
-                    value = yield from coro
+                    value = yield from cast(Coroutine[Any, Any, Any], after)
             except BaseException as exc:
                 on_done(i, None, exc)
                 if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
