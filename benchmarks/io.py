@@ -784,35 +784,42 @@ def game_server(where: str, cpu: int | None = None) -> Iterator[tuple[int, int |
 # ------------------------------------------------------------ memory probe
 
 
-def memory_probe(kind: str, num_envs: int) -> dict[str, float]:
+MEMORY_ENVS: dict[str, type[AsyncTrivialEnv]] = {"sleep": SleepEnv, "trivial": AsyncTrivialEnv}
+"""The envs the memory probe can build, by name."""
+
+
+def memory_probe(kind: str, num_envs: int, env: str = "sleep") -> dict[str, float]:
     """In a fresh process: RSS growth of ``num_envs`` envs, bare or in an aiovec vector env.
+
+    ``env`` names the env of `MEMORY_ENVS` (``SleepEnv`` by default).
 
     Both kinds first build, reset, step and close a small vector env and a few
     bare envs, so that imports and caches are in place before the first reading.
     """
+    env_cls = MEMORY_ENVS[env]
     runner = asyncio.Runner()
     actions = np.zeros(num_envs, dtype=np.int64)
     keep: list[aiovec.AsyncioVectorEnv[Any, Any]] = []
     readings: list[int] = []
 
     async def warm_up() -> None:
-        small: aiovec.AsyncioVectorEnv[Any, Any] = aiovec.AsyncioVectorEnv([SleepEnv] * 16)
+        small: aiovec.AsyncioVectorEnv[Any, Any] = aiovec.AsyncioVectorEnv([env_cls] * 16)
         async with small:
             await small.reset(seed=0)
             await small.step(actions[:16])
-        envs = [SleepEnv() for _ in range(16)]
+        envs = [env_cls() for _ in range(16)]
         await asyncio.gather(*[e.reset(seed=i) for i, e in enumerate(envs)])
         await asyncio.gather(*[e.step(0) for e in envs])
 
     async def bare() -> Callable[[], Awaitable[object]]:
-        envs = [SleepEnv() for _ in range(num_envs)]
+        envs = [env_cls() for _ in range(num_envs)]
         for i, env in enumerate(envs):  # resets do not wait: no task needed, as in aiovec
             await env.reset(seed=i)
         readings.append(rss_bytes() or 0)
         return lambda: asyncio.gather(*[e.step(0) for e in envs])
 
     async def vector() -> Callable[[], Awaitable[object]]:
-        venv: aiovec.AsyncioVectorEnv[Any, Any] = aiovec.AsyncioVectorEnv([SleepEnv] * num_envs)
+        venv: aiovec.AsyncioVectorEnv[Any, Any] = aiovec.AsyncioVectorEnv([env_cls] * num_envs)
         keep.append(venv)
         await venv.reset(seed=0)
         readings.append(rss_bytes() or 0)
@@ -838,13 +845,16 @@ def memory_probe(kind: str, num_envs: int) -> dict[str, float]:
     return {"after_reset": reset - start, "after_steps": stepped - start}
 
 
-def run_memory_probes(num_envs: int, repeats: int) -> dict[str, Any]:
-    """aiovec's own memory per env: fresh processes, ``repeats`` each, medians."""
+def run_memory_probes(num_envs: int, repeats: int, env: str = "sleep") -> dict[str, Any]:
+    """aiovec's own memory per env: fresh processes, ``repeats`` each, medians.
+
+    ``env`` names the env of `MEMORY_ENVS`.
+    """
     got: dict[str, list[dict[str, float]]] = {"bare": [], "aiovec": []}
     for _ in range(repeats):
         for kind, readings in got.items():
             out = subprocess.run(
-                [sys.executable, __file__, "--memory-probe", kind, str(num_envs)],
+                [sys.executable, __file__, "--memory-probe", kind, str(num_envs), env],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -855,7 +865,7 @@ def run_memory_probes(num_envs: int, repeats: int) -> dict[str, Any]:
     def median(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in got[kind])
 
-    result: dict[str, Any] = {"num_envs": num_envs, "repeats": repeats, "raw": got}
+    result: dict[str, Any] = {"num_envs": num_envs, "repeats": repeats, "env": env, "raw": got}
     for key in ("after_reset", "after_steps"):
         bare, vector = median("bare", key), median("aiovec", key)
         result[f"bare_kb_per_env_{key}"] = bare / num_envs / 1024
@@ -1091,7 +1101,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="do not gc.freeze() what the candidates hold once they are built",
     )
-    parser.add_argument("--memory-probe", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-probe", nargs=3, metavar=("KIND", "N", "ENV"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.reps is None:
         args.reps = 2 if args.quick else 7
@@ -1104,8 +1116,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.memory_probe:
-        kind, n = args.memory_probe
-        print(json.dumps(memory_probe(kind, int(n))))
+        kind, n, env = args.memory_probe
+        print(json.dumps(memory_probe(kind, int(n), env)))
         return 0
     # As overhead.py: measure what a script started from a terminal pays.
     signal.signal(signal.SIGINT, signal.default_int_handler)

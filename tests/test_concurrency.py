@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import signal
 import threading
 from typing import Any
@@ -306,3 +307,173 @@ def test_unclosed_vector_envs_warn():
     with pytest.warns(ResourceWarning, match="never closed"):
         envs.__del__()
     assert envs.closed  # the blocking one also released its loop and envs
+
+
+class EndingEnv(aiovec.AsyncEnv[int, int]):
+    """Each step waits (or not) and ends the episode; the autoreset that follows
+    records the task and the context variable it sees, and may fail or hang."""
+
+    observation_space = DISCRETE
+    action_space = DISCRETE
+    var: contextvars.ContextVar[int] = contextvars.ContextVar("ending_env")
+
+    def __init__(self, waits: bool, reset_fails: bool = False, reset_hangs: bool = False) -> None:
+        self.waits, self.reset_fails, self.reset_hangs = waits, reset_fails, reset_hangs
+        self.seen: list[tuple[object, int | None]] = []
+        self.cancelled = False
+        self.stepped = False
+
+    async def reset(self, *, seed=None, options=None):
+        if self.stepped:  # the autoreset of a step
+            self.seen.append((asyncio.current_task(), self.var.get(None)))
+            if self.reset_fails:
+                raise RuntimeError("reset failed")
+            if self.reset_hangs:
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    self.cancelled = True
+                    raise
+        return 3, {}
+
+    async def step(self, action):
+        self.stepped = True
+        self.var.set(int(action))
+        self.seen.append((asyncio.current_task(), self.var.get()))
+        if self.waits:
+            await asyncio.sleep(0)
+        return int(action), 1.0, True, False, {"stepped": True}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("waits", [False, True])
+async def test_a_steps_autoreset_runs_in_the_steps_task_and_context(waits):
+    """SAME_STEP: the reset after an env ended is part of the step's call, in its lane."""
+    async with aiovec.AsyncioVectorEnv(
+        [lambda: EndingEnv(waits)] * 2, autoreset_mode="SameStep"
+    ) as venv:
+        await venv.reset()
+        obs, _, terminated, _, infos = await venv.step(np.array([1, 2]))
+        assert obs.tolist() == [3, 3]  # the reset's observation
+        assert terminated.tolist() == [True, True]
+        assert infos["final_obs"].tolist() == [1, 2]
+        for env, action in zip(venv.envs, (1, 2), strict=True):
+            (step_task, step_var), (reset_task, reset_var) = env.seen
+            assert reset_task is step_task is not asyncio.current_task()
+            assert step_var == reset_var == action  # set in step, seen in the reset
+
+
+@pytest.mark.asyncio
+async def test_a_failing_autoreset_after_a_wait_fails_that_env_and_its_flow_is_remade():
+    async with aiovec.AsyncioVectorEnv(
+        [lambda: EndingEnv(True), lambda: EndingEnv(True, reset_fails=True)],
+        autoreset_mode="SameStep",
+    ) as venv:
+        await venv.reset()
+        with pytest.raises(aiovec.EnvError) as info:
+            await venv.step(np.array([1, 2]))
+        assert list(info.value.errors) == [1]
+        assert str(info.value.errors[1]) == "reset failed"
+        venv.envs[1].reset_fails = False
+        await venv.reset()
+        obs, *_ = await venv.step(np.array([1, 2]))  # a new flow: the old one was discarded
+        assert obs.tolist() == [3, 3]
+
+
+@pytest.mark.asyncio
+async def test_a_hanging_autoreset_after_a_wait_times_out_and_is_cancelled():
+    async with aiovec.AsyncioVectorEnv(
+        [lambda: EndingEnv(True), lambda: EndingEnv(True, reset_hangs=True)],
+        autoreset_mode="SameStep",
+        step_timeout=0.2,
+    ) as venv:
+        await venv.reset()
+        with pytest.raises(aiovec.EnvTimeoutError) as info:
+            await venv.step(np.array([1, 2]))
+        assert list(info.value.errors) == [1]
+        assert venv.envs[1].cancelled
+
+
+@pytest.mark.asyncio
+async def test_suspended_envs_keep_no_more_objects_alive_than_their_own_plus_two():
+    """A suspended env-step keeps alive the env's own coroutine and what it waits on,
+    plus two objects: its lane's wake-up on that future and the lane's next wake-up.
+    (A bare ``asyncio.gather`` adds five: a Task, two contexts, a weak reference and
+    the wake-up; benchmarks/allocations.py measures both.)"""
+    n = 200
+    futures: list[asyncio.Future[None]] = []
+    alive: list[int] = []
+
+    class Waiting(EndingEnv):
+        async def step(self, action):
+            future = asyncio.get_running_loop().create_future()
+            futures.append(future)
+            await future
+            return 0, 0.0, False, False, {}
+
+    def settle(hops):
+        if hops:
+            asyncio.get_running_loop().call_soon(settle, hops - 1)
+            return
+        alive.append(len(gc.get_objects(0)))
+        for future in futures:
+            future.set_result(None)
+
+    async with aiovec.AsyncioVectorEnv([lambda: Waiting(True)] * n) as venv:
+        await venv.reset()
+        actions = np.zeros(n, np.int64)
+        asyncio.get_running_loop().call_soon(settle, 3)
+        await venv.step(actions)  # lanes made
+        futures.clear()
+        alive.clear()
+        gc.collect()
+        gc.disable()
+        try:
+            before = len(gc.get_objects(0))
+            asyncio.get_running_loop().call_soon(settle, 3)
+            await venv.step(actions)
+        finally:
+            gc.enable()
+        # the env's own: its step coroutine, its future, the future's iterator; and a
+        # fixed few for the vector call itself (its coroutines, the op, lists)
+        assert alive[0] - before <= (3 + 2) * n + 50
+
+
+class _Reply:
+    """An awaitable that is not a coroutine: it waits (or not), then gives its value."""
+
+    def __init__(self, value, waits):
+        self.value, self.waits = value, waits
+
+    def __await__(self):
+        if self.waits:
+            yield from asyncio.sleep(0).__await__()
+        return self.value
+
+
+class AwaitableStepEnv(gymnasium.Env[int, int]):
+    """``step`` returns an awaitable of another kind (a coroutine function marked as one
+    with ``inspect.markcoroutinefunction`` may); the test treats the env as async."""
+
+    observation_space = DISCRETE
+    action_space = DISCRETE
+
+    def __init__(self, waits):
+        self.waits = waits
+
+    def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    def step(self, action):
+        return _Reply((int(action), 1.0, False, False, {}), self.waits)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("waits", [False, True])
+async def test_a_step_that_returns_another_awaitable_is_awaited(monkeypatch, waits):
+    monkeypatch.setattr("aiovec.backends.inline.is_async_env", lambda env: True)
+    async with aiovec.AsyncioVectorEnv([lambda: AwaitableStepEnv(waits)] * 3) as venv:
+        await venv.reset()
+        obs, rewards, *_ = await venv.step(np.array([1, 2, 3]))
+        assert obs.tolist() == [1, 2, 3]
+        assert rewards.tolist() == [1.0, 1.0, 1.0]

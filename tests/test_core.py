@@ -568,3 +568,24 @@ DEADLINES = [
 @pytest.mark.parametrize(("starts", "now", "late", "wait"), DEADLINES)
 def test_each_env_is_due_timeout_after_its_own_start(starts, now, late, wait):
     assert overdue(starts.items(), 1.0, now) == (late, wait)
+
+
+def test_latency_and_restart_books_take_no_memory_per_env_until_used():
+    """At 100,000 envs an empty deque per env was 150 MB (docs/performance.md)."""
+    import tracemalloc
+
+    from aiovec._core.restart import RestartBook, RestartPolicy
+
+    tracemalloc.start()
+    try:
+        books = LatencyBook(100_000), RestartBook(RestartPolicy(), 100_000)
+        used, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert used < 100_000 * 10  # a list slot per env (8 bytes) at most
+    latency, restarts = books
+    latency.record(7, 0.5)
+    assert restarts.may_restart(7, now=0.0)
+    restarts.record([7], now=0.0)
+    assert latency.summary().count[7] == 1
+    assert latency.summary().count.sum() == 1

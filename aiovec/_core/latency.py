@@ -54,19 +54,28 @@ class LatencyBook:
     Samples shared by many envs (a worker's whole group, every step) are only
     listed as they come, and spread into the envs' deques in batches: touching
     every env's deque on every step costs more than the step's other
-    bookkeeping.
+    bookkeeping.  An env's deque is made with its first sample: an empty one
+    takes 0.75 KB, a third of aiovec's memory per env at 100,000 envs that
+    never wait (docs/performance.md).
     """
 
     def __init__(self, num_envs: int, window: int = 256) -> None:
         self._window = window
-        self._samples = [collections.deque[float](maxlen=window) for _ in range(num_envs)]
+        self._samples: list[collections.deque[float] | None] = [None] * num_envs
         self._shared: list[tuple[Iterable[int], float]] = []  # not yet in the deques
+
+    def _of(self, i: int) -> collections.deque[float]:
+        """Env ``i``'s deque, made now if it has none yet."""
+        samples = self._samples[i]
+        if samples is None:
+            samples = self._samples[i] = collections.deque(maxlen=self._window)
+        return samples
 
     def record(self, i: int, seconds: float) -> None:
         """Add one sample for env ``i``."""
         if self._shared:
             self._spread()
-        self._samples[i].append(seconds)
+        (self._samples[i] or self._of(i)).append(seconds)
 
     def record_many(self, envs: Iterable[int], seconds: float) -> None:
         """Add the same sample for each env of ``envs`` (their calls ended together).
@@ -89,13 +98,8 @@ class LatencyBook:
             while stop < len(shared) and (shared[stop][0] is envs or shared[stop][0] == envs):
                 stop += 1
             run = [seconds for _, seconds in shared[start:stop]]
-            chosen = (
-                samples[envs.start : envs.stop]
-                if isinstance(envs, range) and envs.step == 1
-                else [samples[i] for i in envs]
-            )
-            for deque in chosen:
-                deque.extend(run)
+            for i in envs:
+                (samples[i] or self._of(i)).extend(run)
             start = stop
 
     def summary(self) -> LatencyStats:
@@ -103,18 +107,18 @@ class LatencyBook:
         self._spread()
         table = np.full((len(self._samples), self._window), np.nan)
         for i, samples in enumerate(self._samples):
-            table[i, : len(samples)] = samples
+            if samples:
+                table[i, : len(samples)] = samples
         with warnings.catch_warnings():  # envs never timed are all-NaN rows: NaN is the answer
             warnings.simplefilter("ignore", RuntimeWarning)
             p50, p99 = np.nanpercentile(table, [50, 99], axis=1)
             mean = np.nanmean(table, axis=1)
         flat = table[~np.isnan(table)]
         overall = np.percentile(flat, [50, 99]) if flat.size else np.array([np.nan, np.nan])
-        count = np.array([len(samples) for samples in self._samples], dtype=np.int64)
+        count = np.array([len(s) if s else 0 for s in self._samples], dtype=np.int64)
         return LatencyStats(count, p50, p99, mean, float(overall[0]), float(overall[1]))
 
     def clear(self) -> None:
         """Forget every sample."""
         self._shared.clear()
-        for samples in self._samples:
-            samples.clear()
+        self._samples = [None] * len(self._samples)

@@ -125,15 +125,22 @@ class RestartPolicy:
 
 
 class RestartBook:
-    """When each env was restarted, within the policy's window."""
+    """When each env was restarted, within the policy's window.
+
+    Only envs ever restarted have an entry (an empty deque per env would be
+    0.75 KB each, most of aiovec's memory per env at 100,000 envs).
+    """
 
     def __init__(self, policy: RestartPolicy, num_envs: int) -> None:
+        del num_envs  # envs 0..num_envs-1 get their entry when first restarted
         self.policy = policy
-        self._times: list[collections.deque[float]] = [collections.deque() for _ in range(num_envs)]
+        self._times: dict[int, collections.deque[float]] = {}
 
     def _recent(self, i: int, now: float) -> collections.deque[float]:
         """Env ``i``'s restarts still inside the window ending at ``now``."""
-        times = self._times[i]
+        times = self._times.get(i)
+        if times is None:
+            times = self._times[i] = collections.deque()
         while times and times[0] <= now - self.policy.window:
             times.popleft()
         return times

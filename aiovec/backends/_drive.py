@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Sequence
+import types
+from collections.abc import Coroutine, Sequence
 from typing import Any, cast
 
 from aiovec._core.calls import (
@@ -31,7 +32,9 @@ __all__ = (
     "CLOSE_TIMEOUT",
     "StepFlow",
     "aclose_quietly",
+    "async_call",
     "close_quietly",
+    "coroutine_of",
     "perform_async",
     "perform_sync",
     "step_async",
@@ -77,6 +80,33 @@ def perform_sync(env: Any, call: EnvCall, action: Any = None) -> Any:
     assert isinstance(call, SetAttr), call
     _set_attr(env, call.name, call.value)
     return None
+
+
+def async_call(env: Any, call: EnvCall, action: Any = None) -> Coroutine[Any, Any, Any]:
+    """The coroutine of one call on an async env, to be driven by hand.
+
+    A step is the env's own ``step`` coroutine, with no wrapper around it: the
+    inline backend drives it eagerly and sends its value into the env's flow
+    with a plain call (a coroutine per env-step fewer than `step_async`).
+    """
+    if call is STEP:
+        return coroutine_of(env.step(action))
+    return perform_async(env, call, action)
+
+
+def coroutine_of(awaitable: Any) -> Coroutine[Any, Any, Any]:
+    """``awaitable`` if it is a native coroutine (``async def``), else one that awaits it.
+
+    An env's ``step`` marked as a coroutine function (``inspect.markcoroutinefunction``)
+    may return any awaitable; what is driven by hand must be a coroutine.
+    """
+    if type(awaitable) is types.CoroutineType:
+        return cast(Coroutine[Any, Any, Any], awaitable)
+    return _awaiting(awaitable)
+
+
+async def _awaiting(awaitable: Any) -> Any:
+    return await awaitable
 
 
 async def perform_async(env: Any, call: EnvCall, action: Any = None) -> Any:

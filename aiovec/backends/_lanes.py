@@ -54,6 +54,8 @@ PENDING: Any = object()
 
 OnDone = Callable[[int, Any, BaseException | None], None]
 OnSlow = Callable[[int, float], None]
+Then = Callable[[int, Any], Any]
+"""``then(i, value)``: the next coroutine (``async def``) of env ``i``'s call, or its value."""
 
 
 class Lanes:
@@ -66,12 +68,21 @@ class Lanes:
         self._tasks: list[asyncio.Task[None] | None] = [None] * num_envs
         self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
         self._contexts: list[contextvars.Context | None] = [None] * num_envs
+        # What `start` hands over to a lane: the coroutine, what it waits on, ``then``.
+        self._coros: list[Coroutine[Any, Any, Any] | None] = [None] * num_envs
+        self._firsts: list[Any] = [None] * num_envs
+        self._thens: list[Then | None] = [None] * num_envs
 
-    def start(self, i: int, coro: Coroutine[Any, Any, Any]) -> Any:
+    def start(self, i: int, coro: Coroutine[Any, Any, Any], then: Then | None = None) -> Any:
         """Drive ``coro`` eagerly on env ``i``'s lane.
 
         Must be called from code running in the event loop, between
-        `enter` and `leave`.
+        `enter` and `leave`.  ``then`` (if given) continues the call when
+        ``coro`` has suspended: the lane calls ``then(i, value)`` with the
+        value ``coro`` returns, and carries on with the native coroutine it
+        returns, or reports anything else it returns as the call's value.  (A step is
+        its env's flow around one or two env calls: the flow is pushed by a
+        plain call, not by a coroutine wrapped around the env's.)
 
         Returns:
             The coroutine's value when it finished eagerly (its exception
@@ -93,9 +104,11 @@ class Lanes:
                 return stop.value
             finally:
                 _leave_task(loop, task)
+        # Handed over in per-lane slots, not a tuple: nothing allocated but the wake-up.
+        self._coros[i], self._firsts[i], self._thens[i] = coro, yielded, then
         wake = self._wakes[i]
         assert wake is not None
-        wake.set_result((coro, yielded))
+        wake.set_result(None)
         return PENDING
 
     def enter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
@@ -117,19 +130,18 @@ class Lanes:
         task = self._tasks[i]
         if task is None:
             return
-        wake = self._wakes[i]
+        waits_on = self._firsts[i]
         if (
-            inspect.getcoroutinestate(cast(Coroutine[Any, Any, None], task.get_coro()))
+            self._coros[i] is not None
+            and inspect.getcoroutinestate(cast(Coroutine[Any, Any, None], task.get_coro()))
             == inspect.CORO_CREATED
-            and wake is not None
-            and wake.done()
-            and hasattr(wake.result()[1], "cancel")
+            and hasattr(waits_on, "cancel")
         ):
             # Handed a call, but not started yet (no loop iteration ran since): a task
             # cancelled before its first step never runs its body, and the call would
             # never unwind nor be reported.  Cancel what the call waits on instead, as
             # Task.cancel() does: the lane starts, resumes it, and it sees the cancellation.
-            wake.result()[1].cancel()
+            waits_on.cancel()
             return
         task.cancel()
 
@@ -171,55 +183,79 @@ class Lanes:
     async def _lane(self, i: int) -> None:
         await self._serve(i)
 
+    def _close_unstarted(self, i: int, cancelled: BaseException) -> None:
+        """Env ``i``'s lane was cancelled before it started the coroutine handed over."""
+        coro = self._coros[i]
+        self._coros[i] = self._thens[i] = None
+        assert coro is not None
+        coro.close()
+        self._on_done(i, None, cancelled)
+
     @types.coroutine
-    def _serve(self, i: int) -> Generator[Any, Any, None]:
+    def _serve(self, i: int) -> Generator[Any, Any, None]:  # noqa: PLR0915  (one hot loop)
         """The lane's body: a generator, so that carrying on a call allocates nothing.
 
-        It yields what the coroutine waits on, as a task would, and resumes
-        the coroutine one slice at a time, timing each slice.
+        It yields what the coroutine waits on, as a task would, and resumes the
+        coroutine one slice at a time, timing each slice; ``then`` continues
+        the call with more coroutines, in this same task.
         """
         loop = self._loop
         assert loop is not None
         on_done, on_slow, clock = self._on_done, self._on_slow, time.perf_counter
+        coros, firsts, thens = self._coros, self._firsts, self._thens
         while True:
             wake = self._wakes[i]
             assert wake is not None
             try:
-                coro, first = yield from wake
+                yield from wake
             except asyncio.CancelledError as exc:
                 if not wake.done() or wake.cancelled():
                     raise  # an idle lane was cancelled: it just ends
                 # Cancelled between the hand-over and the resumption: deliver the
                 # cancellation the way a task would, then let the env unwind.
-                coro, first = wake.result()
-                if first is _FRESH:
-                    coro.close()
-                    on_done(i, None, exc)
+                if firsts[i] is _FRESH:
+                    self._close_unstarted(i, exc)
                     raise
-                _deliver_cancellation(first)
+                _deliver_cancellation(firsts[i])
+            coro, first, then = coros[i], firsts[i], thens[i]
+            coros[i] = firsts[i] = thens[i] = None
+            assert coro is not None
             self._wakes[i] = loop.create_future()
             limit = slow_slice_limit()
             try:
                 while True:
-                    thrown: BaseException | None = None
-                    if first is not _FRESH:  # wait on what the coroutine waits on
+                    while True:  # carry ``coro`` on, a slice at a time, until it returns
+                        thrown: BaseException | None = None
+                        if first is not _FRESH:  # wait on what the coroutine waits on
+                            try:
+                                yield first
+                            except BaseException as exc:  # e.g. a cancellation: the coroutine's
+                                thrown = exc
+                        start = clock()
                         try:
-                            yield first
-                        except BaseException as exc:  # e.g. a cancellation: the coroutine's
-                            thrown = exc
-                    start = clock()
-                    try:
-                        first = coro.send(None) if thrown is None else coro.throw(thrown)
-                    finally:
-                        held = clock() - start
-                        if held > limit:
-                            on_slow(i, held)
-            except StopIteration as stop:
-                on_done(i, stop.value, None)
+                            first = coro.send(None) if thrown is None else coro.throw(thrown)
+                        except StopIteration as stop:
+                            value: Any = stop.value
+                            break
+                        finally:
+                            held = clock() - start
+                            if held > limit:
+                                on_slow(i, held)
+                    if then is None:
+                        break
+                    # The call goes on: its next coroutine, or its value.
+                    after: Any = then(i, value)
+                    if type(after) is not types.CoroutineType:
+                        value = after
+                        break
+                    coro, first = cast(Coroutine[Any, Any, Any], after), _FRESH
             except BaseException as exc:
                 on_done(i, None, exc)
                 if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
+            else:
+                on_done(i, value, None)
+            coro = first = value = then = None  # an idle lane holds nothing of its last call
 
 
 def _deliver_cancellation(waiting_on: Any) -> None:

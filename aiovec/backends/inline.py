@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
+from types import CoroutineType
 from typing import Any
 
 import anyio
 
-from aiovec._core.calls import flow_at
+from aiovec._core.calls import STEP, flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
 from aiovec._log import slow_slice_limit, warn_slow_slice
@@ -28,7 +29,9 @@ from aiovec.backends._base import Backend, EnvTraits, build_envs, make_env
 from aiovec.backends._drive import (
     StepFlow,
     aclose_quietly,
+    async_call,
     close_quietly,
+    coroutine_of,
     perform_async,
     perform_sync,
     step_async,
@@ -64,6 +67,7 @@ class InlineBackend(Backend):
             raise
         self._any_async = any(self._is_async)
         self._flows: list[StepFlow | None] = [None] * self.num_envs
+        self._actions: list[Any] = [None] * self.num_envs  # of each async env's step in flight
         self._lanes = Lanes(self.num_envs, self._finish, self._slow)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
         self._operation = ""  # the name of the op launched last, for a warning
@@ -86,7 +90,9 @@ class InlineBackend(Backend):
                 (i, perform_sync, perform_async, (envs[i], call))
                 for i, call in zip(indices, op.calls, strict=True)
             )
-        elif self._any_async or self._time_each_step:
+        elif self._any_async and self.limiter is None:
+            self._step_each(indices, op)
+        elif self._any_async or self._time_each_step:  # a token per call, or timed env by env
             self._run_each(
                 (i, step_sync, step_async, (envs[i], flows[i] or flow_at(flows, i, op.mode), rf, a))
                 for i, rf, a in zip(indices, op.reset_first, op.actions, strict=True)
@@ -149,6 +155,66 @@ class InlineBackend(Backend):
     def _queuer(self, i: int) -> Callable[[bool], None]:
         """Env ``i``'s hook for `limited`: it waits for a concurrency slot, or no longer."""
         return lambda waiting: self._queue(i, waiting)
+
+    def _step_each(self, indices: Sequence[int], op: StepOp) -> None:
+        """Step envs, sync ones now and async ones eagerly, with no coroutine of aiovec's.
+
+        Each env's stretch on the loop is timed, as in `_run_each`.
+
+        An async env's step coroutines are its own: each is driven on the env's
+        lane and its value is sent into the env's flow by a plain call (here,
+        or by `_advance` in the lane once it waited), so a step allocates
+        nothing per env beyond the env's coroutine.
+        """
+        envs, flows, is_async, results = self._envs, self._flows, self._is_async, self._results
+        lanes, actions, advance = self._lanes, self._actions, self._advance
+        clock, limit = time.perf_counter, slow_slice_limit()
+        since = last = clock()
+        loop = self._loop = asyncio.get_running_loop()
+        caller = lanes.enter(loop)
+        try:
+            for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
+                try:
+                    flow = flows[i] or flow_at(flows, i, op.mode)
+                    if not is_async[i]:
+                        results[i] = step_sync(envs[i], flow, first, action)
+                        continue
+                    actions[i] = action
+                    call: Any = flow.send(first)  # a call (typed, with no cast on this path)
+                    while type(call) is not tuple:
+                        # STEP inline (as `step_sync` does): a Python call less per env-step
+                        env = envs[i]
+                        coro = env.step(action) if call is STEP else async_call(env, call)
+                        if type(coro) is not CoroutineType:  # another kind of awaitable
+                            coro = coroutine_of(coro)
+                        value = lanes.start(i, coro, advance)
+                        if value is PENDING:
+                            self._mark_waiting(i, since)
+                            break
+                        call = flow.send(value)
+                    else:
+                        results[i] = call
+                except BaseException as exc:
+                    self._fail(i, exc)
+                finally:  # each env's stretch on the loop is timed (one clock read per env)
+                    now = clock()
+                    if now - last > limit:
+                        self._slow(i, now - last)
+                    last = now
+        finally:
+            lanes.leave(caller)
+
+    def _advance(self, i: int, value: Any) -> Any:
+        """Send the value of env ``i``'s call into its flow; the next call's coroutine, or the end.
+
+        The end is the env's transition (a tuple), its step's value.
+        """
+        flow = self._flows[i]
+        assert flow is not None
+        call: Any = flow.send(value)
+        if type(call) is tuple:
+            return call
+        return async_call(self._envs[i], call, self._actions[i])
 
     def _fail(self, i: int, error: BaseException) -> None:
         self._flows[i] = None  # it still expects the failed call's result
