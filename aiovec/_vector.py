@@ -109,6 +109,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         env_fns: Non-empty sequence of zero-argument callables, each returning
             an env: an `aiovec.AsyncEnv` (or any object with coroutine
             ``reset``/``step`` and the two spaces) or a ``gymnasium.Env``.
+            Each is called on the loop that will run its env; an ``async def``
+            factory is awaited there.  On the inline backend this constructor
+            cannot wait for one that suspends (``await env.connect()``): build
+            with ``await AsyncioVectorEnv.create(env_fns, ...)`` instead.
         backend: Where envs live: ``"inline"`` (this event loop; sync envs are
             called directly, async ones awaited together), ``"thread"``
             (sync envs whose calls block, each on a thread of its own),
@@ -153,7 +157,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     Raises:
         TypeError: An argument has the wrong type (the message names it).
         ValueError: An argument has a wrong value, or the envs' spaces differ.
-        aiovec.EnvError: An env factory raised.
+        aiovec.EnvError: An env factory raised (or, in this constructor,
+            waited on the inline backend); the envs built are closed.
 
     Example:
         >>> async with AsyncioVectorEnv([make_env] * 8) as venv:  # doctest: +SKIP
