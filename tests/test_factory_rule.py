@@ -262,3 +262,14 @@ def test_an_async_factory_on_a_sync_only_backend_is_refused_naming_the_fix(
 ) -> None:
     with pytest.raises(TypeError, match=r"env_fns\[0\]\(\) returned an awaitable.*'inline'"):
         open_front_end(front_end, [make_loop_bound_env] * 2, backend=backend)
+
+
+@pytest.mark.asyncio
+async def test_blocking_inside_a_running_loop_awaits_a_factory_that_waits() -> None:
+    envs = aiovec.BlockingVectorEnv([make_env_after_waiting] * 2)  # on its helper thread's loop
+    try:
+        envs.reset(seed=0)
+        _, rewards, *_ = envs.step(np.zeros(2, np.int64))
+        assert rewards.tolist() == [1.0, 1.0]
+    finally:
+        envs.close()
