@@ -9,7 +9,6 @@ vector env's ``send``/``recv`` machinery and its lifecycle table.
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -70,21 +69,21 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         backend_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._runner = Runner()
-        try:  # built on the runner's loop, as the await API builds it on the caller's
-            build = functools.partial(
-                AsyncioVectorEnv,
-                env_fns,
-                backend=backend,
-                num_workers=num_workers,
-                autoreset_mode=autoreset_mode,
-                step_timeout=step_timeout,
-                on_error=on_error,
-                copy=copy,
-                reset_timeout=reset_timeout,
-                max_concurrency=max_concurrency,
-                backend_options=backend_options,
+        try:  # built on the runner's loop, awaiting factories that wait, as `create` does
+            self.vector_env: AsyncioVectorEnv[Any, Any] = self._runner.run(
+                AsyncioVectorEnv.create(
+                    env_fns,
+                    backend=backend,
+                    num_workers=num_workers,
+                    autoreset_mode=autoreset_mode,
+                    step_timeout=step_timeout,
+                    on_error=on_error,
+                    copy=copy,
+                    reset_timeout=reset_timeout,
+                    max_concurrency=max_concurrency,
+                    backend_options=backend_options,
+                )
             )
-            self.vector_env: AsyncioVectorEnv[Any, Any] = self._runner.run(_call(build))
         except BaseException:
             self._runner.close()
             raise

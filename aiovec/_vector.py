@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 import warnings
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, MutableMapping, Sequence
 from types import TracebackType
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, Self, TypeVar
 
 import anyio
 import numpy as np
@@ -68,6 +69,35 @@ __all__ = ("AsyncioVectorEnv", "RecvBatch")
 RecvBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]
 """``(observations, rewards, terminations, truncations, infos, env_ids)``."""
 
+_DEFERRED: contextvars.ContextVar[list[Coroutine[Any, Any, None]] | None] = contextvars.ContextVar(
+    "aiovec_deferred_build", default=None
+)
+"""Set by `AsyncioVectorEnv.create` around the constructor, which leaves it its build to await."""
+
+
+def _build_now(build: Coroutine[Any, Any, None]) -> None:
+    """Run the constructor's ``build`` to its end at once; refuse a factory that waits.
+
+    The constructor holds the loop, so it cannot wait on it.  The refusal is
+    raised inside the factory, at its ``await``, so that it fails as a factory
+    that raises does: an `aiovec.EnvError` naming it, the envs built closed.
+    """
+    try:
+        build.send(None)
+        build.throw(
+            RuntimeError(
+                "the factory waited (an `await` that suspends) while AsyncioVectorEnv(...) built "
+                "the envs; the constructor cannot wait on the loop it runs on: build it with "
+                "`await AsyncioVectorEnv.create(env_fns, ...)`, or use BlockingVectorEnv, "
+                "which awaits factories"
+            )
+        )
+    except StopIteration:
+        return
+    build.close()  # it caught the refusal and waited again
+    raise RuntimeError("an env factory waited while AsyncioVectorEnv(...) built the envs")
+
+
 ObsType = TypeVar("ObsType")
 ActType = TypeVar("ActType")
 
@@ -79,6 +109,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         env_fns: Non-empty sequence of zero-argument callables, each returning
             an env: an `aiovec.AsyncEnv` (or any object with coroutine
             ``reset``/``step`` and the two spaces) or a ``gymnasium.Env``.
+            Each is called on the loop that will run its env; an ``async def``
+            factory is awaited there.  On the inline backend this constructor
+            cannot wait for one that suspends (``await env.connect()``): build
+            with ``await AsyncioVectorEnv.create(env_fns, ...)`` instead.
         backend: Where envs live: ``"inline"`` (this event loop; sync envs are
             called directly, async ones awaited together), ``"thread"``
             (sync envs whose calls block, each on a thread of its own),
@@ -123,7 +157,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     Raises:
         TypeError: An argument has the wrong type (the message names it).
         ValueError: An argument has a wrong value, or the envs' spaces differ.
-        aiovec.EnvError: An env factory raised.
+        aiovec.EnvError: An env factory raised (or, in this constructor,
+            waited on the inline backend); the envs built are closed.
 
     Example:
         >>> async with AsyncioVectorEnv([make_env] * 8) as venv:  # doctest: +SKIP
@@ -170,25 +205,52 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
         options = validate.check_backend_options(backend_options, backend_name, backend_cls.OPTIONS)
-
-        if options:
-            self._backend = backend_cls(fns, workers, limiter, options=options)
+        self.num_envs = len(fns)
+        self.backend = backend_name
+        self.copy = copy
+        self.autoreset_mode = mode
+        build = self._build(backend_cls.open(fns, workers, limiter, options))
+        deferred = _DEFERRED.get()
+        if deferred is not None:
+            deferred.append(build)  # `create` awaits it
         else:
-            self._backend = backend_cls(fns, workers, limiter)
+            _build_now(build)
+
+    @classmethod
+    async def create(cls, env_fns: Sequence[Callable[[], Any]], **options: Any) -> Self:
+        """Build a vector env, awaiting factories that wait (``await env.connect()``).
+
+        Takes the arguments of the constructor, checked the same way before any
+        factory is called.  Only the ``inline`` backend builds envs on this
+        loop; the others build them in their workers, which await factories
+        under the constructor too.
+
+        Example:
+            >>> venv = await AsyncioVectorEnv.create([make_env] * 8)  # doctest: +SKIP
+        """
+        builds: list[Coroutine[Any, Any, None]] = []
+        token = _DEFERRED.set(builds)
+        try:
+            venv = cls(env_fns, **options)
+        finally:
+            _DEFERRED.reset(token)
+        await builds[0]
+        return venv
+
+    async def _build(self, opening: Coroutine[Any, Any, Backend]) -> None:
+        """The end of construction: await the backend (its envs built), read their traits."""
+        self._backend = await opening
         traits = self._backend.traits
         try:
             validate.check_spaces(traits.observation_spaces, traits.action_spaces)
         except (TypeError, ValueError):
             self._close_now()
             raise
-        self.num_envs = len(fns)
-        self.backend = backend_name
-        self.copy = copy
-        self.autoreset_mode = mode
+        mode = self.autoreset_mode
         self.metadata: dict[str, Any] = {**traits.metadata, "autoreset_mode": mode}
         self.render_mode: str | None = traits.render_mode
         self._batcher = Batcher(
-            traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, copy
+            traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, self.copy
         )
         self._check_results = validate.step_result_checker(traits.observation_spaces[0])
         self._autoreset = AutoresetState(mode, self.num_envs)

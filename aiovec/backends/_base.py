@@ -15,7 +15,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import anyio
 from gymnasium import spaces
@@ -37,7 +37,6 @@ __all__ = (
     "check_rebuilt",
     "check_rebuilt_spaces",
     "make_env",
-    "make_env_now",
 )
 
 Outcomes = tuple[MutableMapping[int, Any], dict[int, BaseException]]
@@ -93,6 +92,24 @@ class Backend(abc.ABC):
         self.pending: set[int] = set()
         self._waiter: asyncio.Future[None] | None = None
         self._wanted = 0
+
+    @classmethod
+    async def open(
+        cls,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None,
+        limiter: anyio.CapacityLimiter | None,
+        options: Mapping[str, Any] | None,
+    ) -> Self:
+        """Make the backend on the running loop; the vector env's construction awaits this.
+
+        A backend whose envs live in its workers builds them there (each worker
+        awaits `make_env`) and has nothing to await here; one whose envs live on
+        this loop overrides this to await their factories.
+        """
+        if options:
+            return cls(env_fns, num_workers, limiter, options=options)
+        return cls(env_fns, num_workers, limiter)
 
     @property
     def envs(self) -> tuple[Any, ...] | None:
@@ -253,9 +270,9 @@ class Backend(abc.ABC):
 async def make_env(fn: Callable[[], Any]) -> Any:
     """The factory rule: call ``fn`` on the running loop, and await what it returns if awaitable.
 
-    Every backend that runs async envs builds them through this (or `make_env_now`)
-    on the loop that will run them, so an env may open a client session (anything
-    that needs ``asyncio.get_running_loop()``) in its ``__init__``, and an
+    Every backend that runs async envs builds them through this on the loop
+    that will run them, so an env may open a client session (anything that
+    needs ``asyncio.get_running_loop()``) in its ``__init__``, and an
     ``async def`` factory may ``await`` its set-up.
     """
     env = fn()
@@ -264,35 +281,24 @@ async def make_env(fn: Callable[[], Any]) -> Any:
     return env
 
 
-def make_env_now(fn: Callable[[], Any], i: int) -> Any:
-    """`make_env` from synchronous code that runs on a loop (a vector env's constructor).
+async def build_envs(env_fns: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Build each env in turn (`make_env`); on failure, close what was built and raise.
 
-    An ``async def`` factory is driven right here; one that would wait for the
-    loop cannot, since the constructor holds the loop: it fails naming env ``i``.
+    A factory that raises (or is cancelled while it waits) fails with
+    ``EnvError`` naming it; one that returns no env, with ``TypeError``.  The
+    envs built are closed without waiting (`close_quietly`), as after any
+    failed construction.
     """
-    coro = make_env(fn)
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    coro.close()
-    raise RuntimeError(
-        f"env_fns[{i}]() waited (an `await` that suspends) while the vector env was being "
-        "built; the inline backend builds its envs in the constructor, which cannot wait on the "
-        "loop it runs on: build the env without waiting and connect in its first reset(), or use "
-        "backend='process' or 'ray', whose workers await async factories"
-    )
-
-
-def build_envs(env_fns: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Build each env (`make_env_now`); on failure, close what was built and raise ``EnvError``."""
     envs: list[Any] = []
     for i, fn in enumerate(env_fns):
         try:
-            env = make_env_now(fn, i)
+            env = await make_env(fn)
         except Exception as exc:
             close_quietly(envs)
             raise EnvError({i: exc}, f"env_fns[{i}]()") from exc
+        except BaseException:
+            close_quietly(envs)
+            raise
         try:
             check_env(i, env)
         except TypeError:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import CoroutineType
-from typing import Any
+from typing import Any, Self
 
 import anyio
 
@@ -54,12 +54,14 @@ class InlineBackend(Backend):
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
-        num_workers: int | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
+        num_workers: int | None,
+        limiter: anyio.CapacityLimiter | None,
+        envs: list[Any],
     ) -> None:
+        """Host ``envs``, built from ``env_fns`` on this loop (`open` builds them)."""
         super().__init__(env_fns, num_workers, limiter)
         self._env_fns = list(env_fns)
-        self._envs = build_envs(env_fns)
+        self._envs = envs
         try:
             self._is_async = [is_async_env(env) for env in self._envs]
         except TypeError:
@@ -75,6 +77,17 @@ class InlineBackend(Backend):
         self._time_each_step = False  # set once a batch of sync steps held the loop
         self.traits = EnvTraits.of(self._envs)
         _OPEN.add(self)
+
+    @classmethod
+    async def open(
+        cls,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None,
+        limiter: anyio.CapacityLimiter | None,
+        options: Mapping[str, Any] | None,
+    ) -> Self:
+        """Build the envs on this loop, awaiting each factory (`build_envs`), and host them."""
+        return cls(env_fns, num_workers, limiter, await build_envs(env_fns))
 
     @property
     def envs(self) -> tuple[Any, ...]:
