@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-__all__ = ("DEFAULT_SLOW_SLICE", "logger", "slow_slice_limit", "warn_slow_slice")
+__all__ = ("DEFAULT_SLOW_SLICE", "MIN_SLOW_SLICE", "logger", "slow_slice_limit", "warn_slow_slice")
 
 logger = logging.getLogger("aiovec")
 
 DEFAULT_SLOW_SLICE = 0.1
 """asyncio's own default ``slow_callback_duration``, in seconds."""
+
+MIN_SLOW_SLICE = 0.001
+"""A stretch shorter than this (seconds) is never reported, whatever the loop's limit:
+the hot path of synchronous steps looks the limit up only past it."""
 
 
 def slow_slice_limit() -> float:

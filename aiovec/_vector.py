@@ -612,7 +612,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     async def _reset_async(self, seed: object, options: object) -> None:
         """``reset_async``: start a reset (see `reset`) and return; `_reset_wait` collects it."""
         indices, op, mask = self._reset_call(VectorCall.RESET_ASYNC, seed, options)
-        unbuilt = await self._rebuild_lost(indices, op)
+        unbuilt = await self._rebuild_lost(indices)
         self._sent_reset = mask, unbuilt
         self._launch_sent(indices, op, "reset_async()")
 
@@ -762,7 +762,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """
         backend = self._backend
         assert backend is not None
-        unbuilt = await self._rebuild_lost(indices, op)
+        unbuilt = await self._rebuild_lost(indices) if op.name == "reset" else {}
         timeout = self._timeout_of(op.name)
         since = 0.0 if timeout is None else time.perf_counter()
         backend.launch(indices, op)
@@ -779,11 +779,11 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         errors.update(unbuilt)
         return results, errors
 
-    async def _rebuild_lost(self, indices: Sequence[int], op: Op) -> dict[int, BaseException]:
+    async def _rebuild_lost(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
         backend = self._backend
         assert backend is not None
-        if op.name != "reset" or backend.lost.isdisjoint(indices):
+        if backend.lost.isdisjoint(indices):
             return {}
         return await backend.rebuild(sorted(backend.lost.intersection(indices)))
 

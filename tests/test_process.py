@@ -546,13 +546,15 @@ def _group(fns: list[Any]) -> tuple[_worker.Group, StepArrays]:
 def test_the_lean_messages_are_framed_like_any_message(mode: str) -> None:
     seq = (1 << 40) + 3
     step = _messages.LeanStep(seq, mode)
-    (request,) = _wire.Frames().feed(step.frame())
-    assert _wire.frame(request) == step.frame()
+    framed = _messages.LeanStep.frame(seq, mode)
+    (request,) = _wire.Frames().feed(framed)
+    assert _wire.frame(request) == framed
     assert request[0] == _messages.LEAN
     assert _messages.LeanStep.parse(request) == step
     reply = _messages.LeanReply(seq)
-    (payload,) = _wire.Frames().feed(reply.frame())
-    assert _wire.frame(payload) == reply.frame()
+    framed = _messages.LeanReply.frame(seq)
+    (payload,) = _wire.Frames().feed(framed)
+    assert _wire.frame(payload) == framed
     assert payload[0] == _messages.LEAN
     assert _messages.LeanReply.parse(payload) == reply
 
@@ -584,7 +586,7 @@ def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
         for seq in (7, 8):  # Odd's info is {"t": t} on odd steps only
             arrays.actions[:] = [0, 1, 0]
             arrays.resets[:] = False
-            group._lean_step(_messages.LeanStep(seq, "NextStep").frame()[4:], write)
+            group._lean_step(_messages.LeanStep.frame(seq, "NextStep")[4:], write)
             (payload,) = _wire.Frames().feed(os.read(read, 1 << 16))
             replies.append(payload)
     finally:

@@ -199,7 +199,7 @@ class Group:
         if any(reply):  # errors, infos, finals or odd transitions to tell
             _send(replies, Reply(seq, reply))
         else:
-            write_all(replies, LeanReply(seq).frame())
+            write_all(replies, LeanReply.frame(seq))
 
     # -- the shared step buffer -----------------------------------------------------
 

@@ -24,7 +24,7 @@ import anyio
 from aiovec._core.calls import STEP, flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
-from aiovec._log import slow_slice_limit, warn_slow_slice
+from aiovec._log import MIN_SLOW_SLICE, slow_slice_limit, warn_slow_slice
 from aiovec.backends._base import Backend, EnvTraits, build_envs, make_env
 from aiovec.backends._drive import (
     StepFlow,
@@ -118,7 +118,8 @@ class InlineBackend(Backend):
                     results[i] = step_sync(envs[i], flow, first, action)
                 except BaseException as exc:
                     self._fail(i, exc)
-            if time.perf_counter() - since > slow_slice_limit():
+            held = time.perf_counter() - since
+            if held > MIN_SLOW_SLICE and held > slow_slice_limit():
                 self._time_each_step = True  # some env may hold the loop: find which
 
     def _run_each(self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]]) -> None:

@@ -528,8 +528,8 @@ class ProcessBackend(GroupedBackend):
             self._seq += 1
             seq = self._seq
             self._requests[seq] = Request(worker, worker.group, since)
-            out.append((worker, LeanStep(seq, mode).frame()))
-            lean.append((worker, seq, LeanReply(seq).frame()))
+            out.append((worker, LeanStep.frame(seq, mode)))
+            lean.append((worker, seq, LeanReply.frame(seq)))
         self._lean = lean
         if not _loop_parked():  # the loop delivers each reply: no lean wait
             self._settle_lean()
