@@ -9,6 +9,7 @@ turn that into microseconds per env-step and take medians over repetitions.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import os
@@ -26,6 +27,7 @@ __all__ = (
     "Measurement",
     "loop_factories",
     "machine_info",
+    "positive_ints",
     "run_interleaved",
     "timed_async",
     "timed_sync",
@@ -154,3 +156,16 @@ def machine_info() -> dict[str, str]:
         "uvloop": _version("uvloop"),
         "aiovec": _version("aiovec"),
     }
+
+
+def positive_ints(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``: the argparse type of options that list counts."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers such as 1,2,4, got {text!r}"
+        )
+    return counts

@@ -29,11 +29,32 @@ driven by a minimal parent that only pokes them and copies their rows (so the
 gap to aiovec's wall time is the parent's Python); and the floor of any
 blocking design, a bare pipe round trip to two sleeping processes with no
 Python work.
+
+Pipelined stepping (issue 15), its candidates interleaved in every
+repetition: 64 CartPole-v1 envs on ``backend="process"`` with W = 2 in the
+loop of a learner that overlaps its policy with the envs: ``send`` all 64,
+then rounds of ``recv(min_envs=32)`` and ``send`` of random actions for the
+``env_ids`` received.  Through the await API (``AsyncioVectorEnv``, every
+round awaited in one running loop: a learner written as async code) and
+through ``BlockingVectorEnv.send``/``recv`` (a learner in plain sync code,
+the usual training loop: each call runs the event loop until it returns,
+while the worker processes go on stepping).  Against gymnasium
+``SyncVectorEnv`` over 32 envs and aiovec's lock-step ``step`` over 32 envs
+(W = 2), both with random actions; and the floor: the same rounds driven by
+a minimal parent over the same two worker groups (aiovec's worker code, as
+above), each group stepped in halves of 16 envs, one byte per half on raw
+pipes, so that a worker steps one half while the parent handles the other.
+Reported: thousands of env-steps per second (each timing counts ``--steps``
+batches of 32 env-steps; the envs still in flight at its end are collected
+untimed) and the speed-up over ``SyncVectorEnv``, with PASS/MISS against
+issue 15's 1.3x for both front ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gc
 import json
 import mmap
 import multiprocessing
@@ -49,7 +70,14 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from _common import Candidate, machine_info, median_ratio, run_interleaved, timed_sync
+from _common import (
+    Candidate,
+    machine_info,
+    median_ratio,
+    positive_ints,
+    run_interleaved,
+    timed_sync,
+)
 from gymnasium.envs.classic_control import CartPoleEnv
 
 import aiovec
@@ -66,6 +94,16 @@ TARGETS = {
     ("CartPole-v1", 256, SYNC): 1.7,
     ("BusyCartPole", 32, SYNC): 1.75,
 }
+ACTION_ROWS = 64  # distinct batches of random actions, replayed in turn
+
+# Issue 15's pipelined case: PIPELINED_ENVS envs on W = 2 workers, in rounds of
+# recv(min_envs=PIPELINED_BATCH) then send, against lock-step steps of PIPELINED_BATCH envs
+PIPELINED_ENVS, PIPELINED_BATCH = 64, 32
+SENT_AWAIT = f"{PROCESS}: await send()/recv(min_envs={PIPELINED_BATCH})"
+SENT_BLOCKING = f"{PROCESS}: BlockingVectorEnv send()/recv(min_envs={PIPELINED_BATCH})"
+PIPELINED_FLOOR = "minimal parent: the same rounds over 2 workers in halves"
+# candidate -> minimum speed-up (env-steps/s) over SyncVectorEnv over PIPELINED_BATCH envs
+PIPELINED_TARGETS = {SENT_AWAIT: 1.3, SENT_BLOCKING: 1.3}
 
 
 class BusyCartPole(CartPoleEnv):
@@ -96,17 +134,23 @@ class Case:
     with_async: bool
 
 
-def _stepper(venv: Any, num_envs: int, close: Callable[[], object]) -> Candidate:
-    actions = np.random.default_rng(0).integers(0, 2, size=(64, num_envs))
+def _actions(num_envs: int) -> np.ndarray:
+    """``ACTION_ROWS`` batches of random CartPole actions, the same for every candidate."""
+    return np.random.default_rng(0).integers(0, 2, size=(ACTION_ROWS, num_envs))
+
+
+def _stepper(name: str, venv: Any, num_envs: int) -> Candidate:
+    """Lock-step ``venv.step`` with random actions (reset before each timing)."""
+    actions = _actions(num_envs)
 
     def run(steps: int) -> float:
         def body() -> None:
             for t in range(steps):
-                venv.step(actions[t % 64])
+                venv.step(actions[t % ACTION_ROWS])
 
         return timed_sync(body, lambda: venv.reset(seed=0))
 
-    return Candidate("", run, close)
+    return Candidate(name, run, venv.close)
 
 
 def candidates(case: Case) -> list[Candidate]:
@@ -119,12 +163,7 @@ def candidates(case: Case) -> list[Candidate]:
         fns, backend="process", num_workers=2, backend_options={"cpus": None}
     )
     made.append((UNPINNED, unpinned))
-    out = []
-    for name, venv in made:
-        cand = _stepper(venv, case.num_envs, venv.close)
-        cand.name = name
-        out.append(cand)
-    return out
+    return [_stepper(name, venv, case.num_envs) for name, venv in made]
 
 
 def run_case(case: Case, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -163,14 +202,13 @@ def round_trip(args: argparse.Namespace) -> dict[str, Any]:
     """One step of N = W = 2 trivial envs: the fixed cost of a round trip."""
     calls = 200 if args.quick else 2000
     fns = [TrivialEnv] * 2
-    cands = []
-    for name, venv in (
-        (SYNC, gymnasium.vector.SyncVectorEnv(fns)),
-        (PROCESS.replace("W=2", "N=W=2"), aiovec.BlockingVectorEnv(fns, backend="process")),
-    ):
-        cand = _stepper(venv, 2, venv.close)
-        cand.name = name
-        cands.append(cand)
+    cands = [
+        _stepper(name, venv, 2)
+        for name, venv in (
+            (SYNC, gymnasium.vector.SyncVectorEnv(fns)),
+            (PROCESS.replace("W=2", "N=W=2"), aiovec.BlockingVectorEnv(fns, backend="process")),
+        )
+    ]
     try:
         run_interleaved(cands, steps=calls, reps=args.reps, warmup_steps=50)
     finally:
@@ -195,45 +233,45 @@ def scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
             )
             for w in args.workers
         ]
-        cands = []
-        for name, venv in made:
-            cand = _stepper(venv, num_envs, venv.close)
-            cand.name = name
-            cands.append(cand)
+        cands = [_stepper(name, venv, num_envs) for name, venv in made]
         steps = max(4, args.steps * 32 // num_envs)
         try:
             run_interleaved(cands, steps=steps, reps=args.reps, warmup_steps=max(2, steps // 10))
         finally:
             for cand in cands:
                 cand.close()
-        base = cands[0]
-        for cand in cands:
-            rows.append(
-                {
-                    "env": env,
-                    "num_envs": num_envs,
-                    "candidate": cand.name,
-                    "k_env_steps_per_s": steps * num_envs / statistics.median(cand.seconds) / 1e3,
-                    "over_sync": median_ratio(base.seconds, cand.seconds),
-                }
-            )
+        rows += [_rate_row(env, num_envs, cand, steps * num_envs, cands[0]) for cand in cands]
     return rows
+
+
+def _rate_row(
+    env: str, num_envs: int, cand: Candidate, env_steps: int, base: Candidate
+) -> dict[str, Any]:
+    """Thousands of env-steps/s of ``cand`` (``env_steps`` per timing), and its speed-up over
+    ``base``: the median of per-repetition ratios of env-steps/s."""
+    return {
+        "env": env,
+        "num_envs": num_envs,
+        "candidate": cand.name,
+        "k_env_steps_per_s": env_steps / statistics.median(cand.seconds) / 1e3,
+        "over_sync": median_ratio(base.seconds, cand.seconds),
+    }
 
 
 def breakdown(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     """Wall, parent CPU and worker CPU per vector step (W = 2), and the bare envs' CPU."""
     steps = max(20, args.steps * 32 // case.num_envs)
-    actions = np.random.default_rng(0).integers(0, 2, size=(64, case.num_envs))
+    actions = _actions(case.num_envs)
     venv = aiovec.BlockingVectorEnv([case.make] * case.num_envs, backend="process", num_workers=2)
     try:
         venv.reset(seed=0)
         for t in range(max(5, steps // 10)):
-            venv.step(actions[t % 64])
+            venv.step(actions[t % ACTION_ROWS])
         pids = venv.vector_env._backend.pids  # type: ignore[union-attr]
         workers_before = [_cpu_seconds(pid) for pid in pids]
         cpu_before, wall_before = time.process_time(), time.perf_counter()
         for t in range(steps):
-            venv.step(actions[t % 64])
+            venv.step(actions[t % ACTION_ROWS])
         wall = time.perf_counter() - wall_before
         parent = time.process_time() - cpu_before
         workers = [
@@ -248,7 +286,7 @@ def breakdown(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         cpu_before = time.process_time()
         for t in range(steps):
             for j, env in enumerate(group):
-                _, _, terminated, truncated, _ = env.step(int(actions[t % 64][j]))
+                _, _, terminated, truncated, _ = env.step(int(actions[t % ACTION_ROWS][j]))
                 if terminated or truncated:
                     env.reset()
         bare = time.process_time() - cpu_before
@@ -268,52 +306,122 @@ def breakdown(case: Case, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _group_server(
-    requests: int, replies: int, buffer: Any, layout: Any, make: Any, first: int, count: int
+    requests: int,
+    replies: int,
+    inherited: Sequence[int],
+    buffer: Any,
+    layout: Any,
+    make: Any,
+    group: range,
+    parts: int,
 ) -> None:
-    group = _worker.Group([make] * count, first)
-    group.use_buffer(layout, buffer, first)
-    for j, env in enumerate(group.envs):
-        env.reset(seed=first + j)
-    while os.read(requests, 1):
-        group.step(range(count), "NextStep", None, None)
-        os.write(replies, b"r")
+    """A worker of `GroupServers`: each byte ``k`` it reads steps part ``k`` of its group.
+
+    ``inherited``: the parent's ends of the pipes, which a forked child holds too:
+    closed first, so that the request pipe ends when the parent closes it.
+    """
+    for fd in inherited:
+        os.close(fd)
+    served = _worker.Group([make] * len(group), group.start)
+    served.use_buffer(layout, buffer, group.start)
+    for j, env in enumerate(served.envs):
+        env.reset(seed=group.start + j)
+    pieces = _grouped.split(len(group), parts)
+    while data := os.read(requests, 1):
+        served.step(pieces[data[0]], "NextStep", None, None)
+        os.write(replies, data)
+
+
+class GroupServers:
+    """Worker processes running aiovec's worker code, for a minimal parent to drive.
+
+    Each of ``workers`` processes holds a `_worker.Group` of its share of
+    ``num_envs`` envs, cut into ``parts`` parts of contiguous rows of one shared
+    buffer.  A byte ``k`` on a worker's request pipe steps its part ``k``
+    (``Group.step``: actions and reset flags read from the buffer, transitions
+    written to it); the worker echoes the byte on its reply pipe once done.  No
+    rules, no checks, no event loop: what is left of a step is the envs, aiovec's
+    worker code and the pipes.
+    """
+
+    def __init__(
+        self, make: Callable[[], Any], num_envs: int, workers: int = 2, parts: int = 1
+    ) -> None:
+        probe = make()
+        layout = StepLayout.of(probe.observation_space, probe.action_space, num_envs)
+        probe.close()
+        assert layout is not None
+        self.buffer = mmap.mmap(-1, layout.nbytes)  # anonymous and shared: inherited by fork
+        self.arrays = layout.arrays(self.buffer)
+        self.parts_per_worker = parts
+        self.parts: list[slice] = []  # the rows of each part, worker after worker
+        self.requests: list[int] = []  # each worker's request pipe (its write end)
+        self.replies: list[int] = []  # each worker's reply pipe (its read end)
+        self.procs: list[Any] = []
+        context = multiprocessing.get_context("fork")
+        try:
+            for group in _grouped.split(num_envs, workers):
+                req_r, req_w = os.pipe()
+                rep_r, rep_w = os.pipe()
+                self.requests.append(req_w)
+                self.replies.append(rep_r)
+                inherited = [*self.requests, *self.replies]
+                args = (req_r, rep_w, inherited, self.buffer, layout, make, group, parts)
+                proc = context.Process(target=_group_server, args=args, daemon=True)
+                try:
+                    proc.start()
+                finally:
+                    os.close(req_r)
+                    os.close(rep_w)
+                self.procs.append(proc)
+                self.parts += [
+                    slice(group.start + piece.start, group.start + piece.stop)
+                    for piece in _grouped.split(len(group), parts)
+                ]
+        except BaseException:
+            self.close()
+            raise
+
+    def poke(self, part: int) -> None:
+        """Start stepping part ``part`` (parts are numbered worker after worker)."""
+        worker, k = divmod(part, self.parts_per_worker)
+        os.write(self.requests[worker], bytes((k,)))
+
+    def close(self) -> None:
+        """End each worker (end of file on its requests), reap it, close the pipes."""
+        for fd in self.requests:
+            os.close(fd)
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for fd in self.replies:
+            os.close(fd)
+        self.requests, self.replies, self.procs = [], [], []
+        # the views in ``arrays`` keep the mapping until they are collected
 
 
 def minimal_parent(case: Case, steps: int) -> float:
     """Wall us per step of the same two worker groups driven by a minimal parent.
 
-    The workers run aiovec's own worker code (``Group.step`` on its rows of a
-    shared buffer); the parent only writes the actions and reset flags, pokes
-    each worker with a byte, waits for both and copies observations and
-    rewards out: no rules, no checks, no event loop.  The gap between this and
-    aiovec's wall time is what the parent's Python costs.
+    The workers are `GroupServers` (aiovec's own worker code, ``Group.step``
+    on its rows of a shared buffer); the parent only writes the actions and
+    reset flags, pokes each worker with a byte, waits for both and copies
+    observations and rewards out: no rules, no checks, no event loop.  The gap
+    between this and aiovec's wall time is what the parent's Python costs.
     """
-    probe = case.make()
-    layout = StepLayout.of(probe.observation_space, probe.action_space, case.num_envs)
-    probe.close()
-    assert layout is not None
-    buffer = mmap.mmap(-1, layout.nbytes)  # anonymous and shared: inherited by fork
-    arrays = layout.arrays(buffer)
-    context = multiprocessing.get_context("fork")
-    pipes, procs = [], []
-    for group in _grouped.split(case.num_envs, 2):
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        args = (req_r, rep_w, buffer, layout, case.make, group.start, len(group))
-        procs.append(context.Process(target=_group_server, args=args, daemon=True))
-        procs[-1].start()
-        os.close(req_r)
-        os.close(rep_w)
-        pipes.append((req_w, rep_r))
-    actions = np.random.default_rng(0).integers(0, 2, size=(64, case.num_envs))
+    servers = GroupServers(case.make, case.num_envs)
+    arrays = servers.arrays
+    actions = _actions(case.num_envs)
 
     def step(t: int) -> None:
-        arrays.actions[:] = actions[t % 64]
+        arrays.actions[:] = actions[t % ACTION_ROWS]
         np.logical_or(arrays.terminations, arrays.truncations, out=arrays.resets)
-        for req_w, _ in pipes:
-            os.write(req_w, b"s")
-        for _, rep_r in reversed(pipes):
-            os.read(rep_r, 1)
+        for fd in servers.requests:  # one part per worker: its whole group
+            os.write(fd, b"\0")
+        for fd in reversed(servers.replies):
+            os.read(fd, 1)
         arrays.observations.copy()
         arrays.rewards.copy()
 
@@ -325,16 +433,188 @@ def minimal_parent(case: Case, steps: int) -> float:
             step(t)
         return (time.perf_counter() - start) / steps * 1e6
     finally:
-        for req_w, _ in pipes:
-            os.close(req_w)  # end of file: each server returns
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for _, rep_r in pipes:
-            os.close(rep_r)
-        # the views in ``arrays`` keep the mapping until they are collected
+        servers.close()
+
+
+# -- pipelined stepping (issue 15): rounds of recv(min_envs=batch), then send ----------
+
+
+def _rounds(
+    send: Callable[[Any, int], object],
+    recv: Callable[[int], tuple[Any, int]],
+    everything: Any,
+    num_envs: int,
+    batch: int,
+    env_steps: int,
+) -> float:
+    """Seconds that ``env_steps`` env-steps of a pipelined learner's loop take.
+
+    ``send(which, t)`` starts ``which`` (envs, or parts of envs) with row ``t``
+    of the random actions; ``recv(k)`` waits until at least ``k`` envs have
+    finished and returns which, and how many envs that is.  ``everything`` is
+    sent first; then each round receives at least ``batch`` envs and sends
+    exactly those again.  The envs still in flight at the end are collected
+    untimed, and the time is scaled to ``env_steps`` from the env-steps received.
+    """
+    gc.collect()
+    start = time.perf_counter()
+    send(everything, 0)
+    received = t = 0
+    while received < env_steps:
+        which, count = recv(batch)
+        received += count
+        t += 1
+        send(which, t)
+    seconds = time.perf_counter() - start
+    recv(num_envs)
+    return seconds / received * env_steps
+
+
+def pipelined_floor(name: str, make: Callable[[], Any], num_envs: int, batch: int) -> Candidate:
+    """The pipelined loop driven by a minimal parent: what the host allows.
+
+    Two `GroupServers` with two parts each (``num_envs // 4`` envs a part).
+    The parent writes a part's actions and reset flags and pokes it; each
+    round waits until parts of at least ``batch`` envs have answered (taking
+    every answer there is), copies their rows out in index order, and sends
+    those parts again: while it handles one part, that part's worker steps
+    its other.
+    """
+    servers = GroupServers(make, num_envs, workers=2, parts=2)
+    arrays, parts, per_worker = servers.arrays, servers.parts, servers.parts_per_worker
+    sizes = [part.stop - part.start for part in parts]
+    actions = _actions(num_envs)
+    poller = select.poll()
+    worker_of: dict[int, int] = {}  # reply pipe -> worker
+    for w, fd in enumerate(servers.replies):
+        poller.register(fd, select.POLLIN)
+        worker_of[fd] = w
+
+    def send(which: Sequence[int], t: int) -> None:
+        row = actions[t % ACTION_ROWS]
+        for p in which:
+            rows = parts[p]
+            arrays.actions[rows] = row[rows]
+            np.logical_or(
+                arrays.terminations[rows], arrays.truncations[rows], out=arrays.resets[rows]
+            )
+            servers.poke(p)
+
+    def recv(min_envs: int) -> tuple[list[int], int]:
+        done: list[int] = []
+        count = 0
+        while count < min_envs:
+            for fd, _ in poller.poll():
+                for k in os.read(fd, 64):
+                    done.append(worker_of[fd] * per_worker + k)
+                    count += sizes[done[-1]]
+        done.sort()
+        for array in (arrays.observations, arrays.rewards, arrays.terminations, arrays.truncations):
+            np.concatenate([array[parts[p]] for p in done])  # the batch, in index order
+        return done, count
+
+    def run(steps: int) -> float:
+        return _rounds(send, recv, range(len(parts)), num_envs, batch, steps * batch)
+
+    return Candidate(name, run, servers.close)
+
+
+def pipelined_blocking(name: str, make: Callable[[], Any], num_envs: int, batch: int) -> Candidate:
+    """``BlockingVectorEnv`` (process, W = 2): the loop through its ``send``/``recv``."""
+    venv = aiovec.BlockingVectorEnv([make] * num_envs, backend="process", num_workers=2)
+    actions = _actions(num_envs)
+
+    def send(env_ids: np.ndarray, t: int) -> None:
+        venv.send(actions[t % ACTION_ROWS][env_ids], env_ids)
+
+    def recv(min_envs: int) -> tuple[np.ndarray, int]:
+        *_, env_ids = venv.recv(min_envs=min_envs)
+        return env_ids, len(env_ids)
+
+    def run(steps: int) -> float:
+        venv.reset(seed=0)
+        return _rounds(send, recv, np.arange(num_envs), num_envs, batch, steps * batch)
+
+    return Candidate(name, run, venv.close)
+
+
+def pipelined_await(name: str, make: Callable[[], Any], num_envs: int, batch: int) -> Candidate:
+    """``AsyncioVectorEnv`` (process, W = 2): the same loop, awaited in one running loop."""
+    runner = asyncio.Runner()
+    actions = _actions(num_envs)
+
+    async def build() -> aiovec.AsyncioVectorEnv[Any, Any]:
+        return aiovec.AsyncioVectorEnv([make] * num_envs, backend="process", num_workers=2)
+
+    try:
+        venv = runner.run(build())
+    except BaseException:
+        runner.close()
+        raise
+
+    async def rounds(env_steps: int) -> float:
+        """`_rounds`, awaited (the same steps, in the same order)."""
+        await venv.reset(seed=0)
+        gc.collect()
+        start = time.perf_counter()
+        venv.send(actions[0], np.arange(num_envs))
+        received = t = 0
+        while received < env_steps:
+            *_, env_ids = await venv.recv(min_envs=batch)
+            received += len(env_ids)
+            t += 1
+            venv.send(actions[t % ACTION_ROWS][env_ids], env_ids)
+        seconds = time.perf_counter() - start
+        await venv.recv()
+        return seconds / received * env_steps
+
+    def close() -> None:
+        try:
+            runner.run(venv.close())
+        finally:
+            runner.close()
+
+    return Candidate(name, lambda steps: runner.run(rounds(steps * batch)), close)
+
+
+def pipelined(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Issue 15's pipelined CartPole, every candidate interleaved in each repetition.
+
+    ``PIPELINED_ENVS`` envs on the process backend (W = 2) in rounds of
+    ``recv(min_envs=PIPELINED_BATCH)`` and ``send``, through both front ends;
+    gymnasium ``SyncVectorEnv`` and aiovec's lock-step ``step`` over
+    ``PIPELINED_BATCH`` envs; and the same rounds driven by a minimal parent.
+    Each timing counts ``--steps`` batches of env-steps.
+    """
+    n, batch, steps = PIPELINED_ENVS, PIPELINED_BATCH, args.steps
+    made: list[tuple[Candidate, int]] = []
+    try:
+        made.append((pipelined_floor(PIPELINED_FLOOR, make_cartpole, n, batch), n))  # it forks
+        sync = gymnasium.vector.SyncVectorEnv([make_cartpole] * batch)
+        made.append((_stepper(SYNC, sync, batch), batch))
+        lockstep = aiovec.BlockingVectorEnv(
+            [make_cartpole] * batch, backend="process", num_workers=2
+        )
+        made.append((_stepper(f"{PROCESS}: step()", lockstep, batch), batch))
+        made.append((pipelined_await(SENT_AWAIT, make_cartpole, n, batch), n))
+        made.append((pipelined_blocking(SENT_BLOCKING, make_cartpole, n, batch), n))
+        made = made[1:] + made[:1]  # the baseline first
+        run_interleaved(
+            [cand for cand, _ in made],
+            steps=steps,
+            reps=args.reps,
+            warmup_steps=max(5, steps // 10),
+        )
+    finally:
+        for cand, _ in made:
+            cand.close()
+    base = made[0][0]
+    rows = [_rate_row("CartPole-v1", size, cand, steps * batch, base) for cand, size in made]
+    for row in rows:
+        target = PIPELINED_TARGETS.get(row["candidate"])
+        if target is not None:
+            row["target"], row["passed"] = target, row["over_sync"] >= target
+    return rows
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -480,20 +760,40 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
     print()
     for m in extra["worker_memory"]:
         print(f"worker {m['pid']}: RSS {m['rss_mib']:.1f} MiB, PSS {m['pss_mib']:.1f} MiB")
+    if extra.get("pipelined"):
+        print()
+        print(
+            f"Pipelined: {PIPELINED_ENVS} envs on 2 workers, rounds of "
+            f"recv(min_envs={PIPELINED_BATCH}) then send for the envs received, against "
+            f"lock-step steps of {PIPELINED_BATCH} envs (random actions)"
+        )
+        _print_rates(extra["pipelined"])
     if extra.get("scaling"):
         print()
-        print("| env | N | candidate | k env-steps/s | speed-up over SyncVectorEnv |")
-        print("|---|---:|---|---:|---:|")
-        for r in extra["scaling"]:
-            print(
-                f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
-                f"| {r['k_env_steps_per_s']:.1f} | {r['over_sync']:.2f}x |"
-            )
-    for key, name in (("passed", "default"), ("passed_unpinned", "cpus=None")):
-        passed = sum(r.get(key) is True for r in rows)
-        missed = sum(r.get(key) is False for r in rows)
+        _print_rates(extra["scaling"])
+    for results, key, name in (
+        (rows, "passed", "default workers"),
+        (rows, "passed_unpinned", "cpus=None workers"),
+        (extra.get("pipelined", []), "passed", "pipelined"),
+    ):
+        passed = sum(r.get(key) is True for r in results)
+        missed = sum(r.get(key) is False for r in results)
         if passed or missed:
-            print(f"targets, {name} workers: {passed} PASS, {missed} MISS")
+            print(f"targets, {name}: {passed} PASS, {missed} MISS")
+
+
+def _print_rates(rows: Sequence[dict[str, Any]]) -> None:
+    """A table of `_rate_row` s, with the target of each row that has one."""
+    print("| env | N | candidate | k env-steps/s | speed-up over SyncVectorEnv | target |")
+    print("|---|---:|---|---:|---:|---|")
+    for r in rows:
+        target = ""
+        if r.get("target") is not None:
+            target = f">= {r['target']:.2f}x " + ("PASS" if r["passed"] else "MISS")
+        print(
+            f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
+            f"| {r['k_env_steps_per_s']:.1f} | {r['over_sync']:.2f}x | {target} |"
+        )
 
 
 def _has_proc() -> bool:
@@ -509,7 +809,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="FILE", help="also write all timings as JSON")
     parser.add_argument(
         "--workers",
-        type=lambda text: [int(w) for w in text.split(",")],
+        type=positive_ints,
         default=[],
         help="comma-separated worker counts: also measure throughput against W",
     )
@@ -543,6 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "round_trip_us": round_trip(args),
         "breakdown": [breakdown(case, args) for case in cases] if _has_proc() else [],
         "pipe_floor_us": pipe_floor(200 if args.quick else 2000),
+        "pipelined": pipelined(args),
         "worker_memory": worker_memory(),
         "scaling": scaling(args) if args.workers else [],
     }

@@ -2,12 +2,13 @@
 
 Run from the repository root::
 
-    python benchmarks/io.py                     # full run, 4-5 minutes on 2 cores
+    python benchmarks/io.py                     # every case, several minutes on 2 cores
     python benchmarks/io.py --quick             # CI smoke test, < 60 s (numbers are rough)
     python benchmarks/io.py --reps 9 --json io.json
     python benchmarks/io.py --only tcp --server both   # one case; the server both ways
+    python benchmarks/io.py --only workers --io-workers 1,2,4,8,16   # past 2 cores
 
-Cases (the figures of docs/network.md):
+Cases (the figures of docs/network.md; the workers case's go to docs/process.md):
 
 ``sleep``
     Envs whose every step waits 5 ms (``asyncio.sleep`` in the async env,
@@ -43,6 +44,14 @@ Cases (the figures of docs/network.md):
     uvloop; and aiovec's own memory per env, measured in fresh processes: the
     RSS growth from building and resetting the vector env, minus the growth
     from building and resetting as many bare env objects, per env.
+``workers``
+    N = 20,000 envs waiting 5 ms (issue 15): the await API on one loop
+    (``backend="inline"``, asyncio's loop) against ``backend="process"`` with
+    W workers, each stepping its share of the envs on an event loop of its
+    own, for each W of ``--io-workers`` (default 1,2, which fits 2 cores).
+    Env-steps per second, and each W's over one loop (a note; W = 2 against
+    issue 15's 3x is a target).  CPU and memory count the worker processes.
+    ``--quick`` shrinks it to 2,000 envs.
 
 How it measures (as ``benchmarks/overhead.py``): in each case every candidate
 is built, reset and stepped once, warmed up, then timed once per repetition,
@@ -90,7 +99,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from _common import Candidate, loop_factories, machine_info, run_interleaved
+from _common import Candidate, loop_factories, machine_info, positive_ints, run_interleaved
 
 import aiovec
 from aiovec.gameserver import BlockingGameClientEnv, GameClientEnv, GameServer
@@ -100,7 +109,10 @@ SLEEP = 0.005  # seconds each step of the sleep envs waits
 SERVER_LATENCY = 0.001  # seconds the game server waits before each reply
 JITTER_RANGE = (0.001, 0.020)  # seconds: the partial case's per-env latencies
 ASYNC_PROCESS_CAP = 64  # gymnasium AsyncVectorEnv processes when memory is short
-CASES = ("sleep", "tcp", "partial", "10k")
+CASES = ("sleep", "tcp", "partial", "10k", "workers")
+WORKERS_ENVS = 20_000  # the workers case's envs (--quick: 2,000)
+WORKERS_CASE = f"process workers, sleep {SLEEP * 1e3:g} ms"  # no other case's name starts so
+ONE_LOOP = "aiovec inline (one loop)"  # the workers case's baseline
 ACTION_ROWS = 16  # distinct pre-sampled action batches, replayed in turn
 
 Factory = Callable[[], asyncio.AbstractEventLoop]
@@ -639,6 +651,32 @@ def many_case(num_envs: int, args: argparse.Namespace) -> Case:
     return Case(f"sleep {SLEEP * 1e3:g} ms", num_envs, SLEEP, builders, steps)
 
 
+def process_workers(workers: int, env_fns: Sequence[Callable[[], Any]]) -> IOCandidate:
+    """The await API on ``backend="process"`` with ``workers`` workers (their CPU and
+    memory counted with this process's)."""
+    cand = aiovec_await(
+        f"aiovec process W={workers}",
+        env_fns,
+        2,
+        asyncio.new_event_loop,
+        backend="process",
+        num_workers=workers,
+    )
+    cand.meter.pids = [pid for pid in cand.venv._backend.pids if pid is not None]
+    return cand
+
+
+def workers_case(num_envs: int, args: argparse.Namespace) -> Case:
+    """N envs waiting 5 ms: one loop against W worker processes, each a loop of its own."""
+    async_fns = [functools.partial(SleepEnv, SLEEP)] * num_envs
+    builders: list[Callable[[], IOCandidate]] = [
+        functools.partial(aiovec_await, ONE_LOOP, async_fns, 2, asyncio.new_event_loop)
+    ]
+    builders += [functools.partial(process_workers, w, async_fns) for w in args.io_workers]
+    steps = 3 if args.quick else 6
+    return Case(WORKERS_CASE, num_envs, SLEEP, builders, steps)
+
+
 def measured(build: Callable[[], IOCandidate]) -> IOCandidate:
     """Build (and warm) a candidate, recording the memory it took."""
     gc.collect()
@@ -981,7 +1019,20 @@ def targets(
     if memory is not None:
         own = memory["aiovec_kb_per_env_after_reset"]
         add(f"N={memory['num_envs']:,}: aiovec's own memory per env, KB", own, "<=", 20.0)
+    two = over_one_loop(rows).get("aiovec process W=2")
+    if two is not None:
+        n = next(r["case_envs"] for r in rows if r["case"] == WORKERS_CASE)
+        add(f"{WORKERS_CASE}, N={n:,}: env-steps/s, process W=2 / one loop", two, ">=", 3.0)
     return out
+
+
+def over_one_loop(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The workers case: each candidate's env-steps/s over one loop's (paired ratios)."""
+    case = [r for r in rows if r["case"] == WORKERS_CASE]
+    base = next((r for r in case if r["candidate"] == ONE_LOOP), None)
+    if base is None:
+        return {}
+    return {r["candidate"]: rate_ratio(r, base) for r in case if r is not base}
 
 
 def tcp_cpu_notes(rows: Sequence[dict[str, Any]], where: str) -> list[str]:
@@ -1084,6 +1135,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--only", choices=CASES, action="append", help="run only this case (repeatable)"
     )
     parser.add_argument(
+        "--io-workers",
+        type=positive_ints,
+        default=[1, 2],
+        metavar="W,W,...",
+        help="the workers case's worker counts (default 1,2; e.g. 1,2,4,8,16 on 16 cores)",
+    )
+    parser.add_argument(
         "--server",
         choices=("process", "thread", "both"),
         default="process",
@@ -1130,7 +1188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: list[str] = []
     memory: dict[str, Any] | None = None
     if args.quick:
-        notes.append("--quick: no gymnasium AsyncVectorEnv, 10k case shrunk to 2,000 envs")
+        notes.append(
+            "--quick: no gymnasium AsyncVectorEnv, 10k and workers cases shrunk to 2,000 envs"
+        )
     if not args.gc_freeze:
         notes.append("--no-gc-freeze: candidates' objects stay in the collected generations")
 
@@ -1169,6 +1229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         done(f"N={n}")
         memory = run_memory_probes(n, 1 if args.quick else 3)
         done("memory")
+    if "workers" in args.cases:
+        n = WORKERS_ENVS // 10 if args.quick else WORKERS_ENVS
+        rows += run_case(workers_case(n, args), args)
+        done(f"workers N={n}")
+        ratios = ", ".join(f"{name} {x:.2f}x" for name, x in over_one_loop(rows).items())
+        notes.append(f"{WORKERS_CASE}, N={n:,}: env-steps/s over one loop: {ratios}")
     add_own_overhead(rows)
     goals = targets(rows, memory, f"tcp {SERVER_LATENCY * 1e3:g} ms (server {servers[0]})")
     info["load_avg_1min_end"] = f"{os.getloadavg()[0]:.2f}"
