@@ -12,19 +12,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = (
     "Candidate",
     "LoopKind",
     "Measurement",
+    "benchmark_module",
     "loop_factories",
     "machine_info",
     "positive_ints",
@@ -48,6 +53,25 @@ def loop_factories() -> dict[LoopKind, Callable[[], asyncio.AbstractEventLoop]]:
     else:
         factories["uvloop"] = uvloop.new_event_loop
     return factories
+
+
+def benchmark_module(file_name: str) -> ModuleType:
+    """Another benchmark script of this folder, loaded as a module (``io.py``: not ``io``).
+
+    ``io.py`` cannot be imported by its name, which is the standard library's.  The
+    module is registered in ``sys.modules`` as ``_<stem>_benchmark`` (cloudpickle
+    needs that to send its classes to worker processes by value).
+    """
+    path = Path(__file__).with_name(file_name)
+    name = f"_{path.stem}_benchmark"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def timed_sync(body: Callable[[], object], before: Callable[[], object] | None = None) -> float:

@@ -56,14 +56,13 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import importlib.util
 import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import benchmark_module
 
 import aiovec
 from aiovec.testing import AsyncTrivialEnv
@@ -325,13 +324,8 @@ def run_case(env_cls: type[AsyncTrivialEnv], n: int) -> list[dict[str, Any]]:
 
 def memory_per_env(num_envs: int, repeats: int) -> dict[str, Any]:
     """aiovec's own RSS per env over ``AsyncTrivialEnv`` (``benchmarks/io.py``'s probe)."""
-    path = Path(__file__).with_name("io.py")
-    spec = importlib.util.spec_from_file_location("_io_benchmark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    result: dict[str, Any] = module.run_memory_probes(num_envs, repeats, env="trivial")
+    io = benchmark_module("io.py")
+    result: dict[str, Any] = io.run_memory_probes(num_envs, repeats, env="trivial")
     return result
 
 

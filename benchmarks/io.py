@@ -302,9 +302,15 @@ def aiovec_await(
     env_fns: Sequence[Callable[[], Any]],
     n_actions: int,
     factory: Factory,
+    *,
+    after_build: Callable[[aiovec.AsyncioVectorEnv[Any, Any]], Awaitable[object]] | None = None,
     **kwargs: Any,
 ) -> IOCandidate:
-    """``AsyncioVectorEnv``, timed inside its own running loop."""
+    """``AsyncioVectorEnv``, timed inside its own running loop.
+
+    ``after_build`` is awaited on that loop once the vector env is reset and
+    stepped; ``kwargs`` go to ``AsyncioVectorEnv``.
+    """
     runner = asyncio.Runner(loop_factory=factory)
     rows = action_rows(len(env_fns), n_actions)
     meter = Meter()
@@ -315,6 +321,8 @@ def aiovec_await(
         venv = aiovec.AsyncioVectorEnv(env_fns, **kwargs)
         await venv.reset(seed=0)
         await venv.step(rows[0])
+        if after_build is not None:
+            await after_build(venv)
         return venv
 
     def close() -> None:

@@ -19,7 +19,7 @@ from aiovec.__main__ import INTERRUPTED, main
 from aiovec._cli import bench, demo
 from aiovec._cli.args import int_list
 from aiovec._cli.memory import tree_rss
-from aiovec._cli.report import Progress, StepTimes, format_table
+from aiovec._cli.report import LARGE_N, Progress, StepTimes, format_table, large_n_advice
 
 SMALL_DEMO = ["demo", "--num-envs", "4", "--steps", "4", "--latency", "0.001"]
 PACKAGE_ROOT = str(Path(aiovec.__file__).resolve().parents[1])
@@ -155,6 +155,20 @@ def test_demo_refuses_bad_options(capsys, args, message):
         main(["demo", *args])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def demo_rows(num_envs):
+    """The demo's three rows, as if measured: (a) one step a second, (b) and (c) ten."""
+    slow, fast = StepTimes(num_envs, (1.0,) * 3), StepTimes(num_envs, (0.1,) * 4)
+    return [demo.Row("(a)", slow), demo.Row("(b)", fast), demo.Row("(c)", fast)]
+
+
+@pytest.mark.parametrize(("num_envs", "advised"), [(LARGE_N - 1, False), (LARGE_N, True)])
+def test_demo_points_to_the_gc_advice_from_a_thousand_envs(num_envs, advised):
+    text = demo.render(demo_rows(num_envs), demo.DemoSettings(num_envs=num_envs))
+    last = text.splitlines()[-1]
+    assert (last == large_n_advice(num_envs)) is advised
+    assert ("Running 1,000-100,000 envs" in text) is advised
 
 
 # --------------------------------------------------------------------------- bench
@@ -568,6 +582,15 @@ def test_recommendation_when_everything_failed():
     assert bench.recommend(failed, bench.Factory("m:f", "f", object)).startswith("Every")
 
 
+@pytest.mark.parametrize(("sizes", "advised"), [((8, LARGE_N - 1), False), ((8, LARGE_N), True)])
+def test_bench_points_to_the_gc_advice_when_a_size_reaches_a_thousand_envs(sizes, advised):
+    factory = bench.Factory("envs.py:make", "make", object)
+    results = [result("inline", n, (1.0e4, 1.0e4, 1.0e4)) for n in sizes]
+    text = bench.render(results, [], factory)
+    assert (text.splitlines()[-1] == large_n_advice(max(sizes))) is advised
+    assert ("docs/performance.md" in text) is advised
+
+
 # --------------------------------------------------------------------------- shared pieces
 
 
@@ -586,6 +609,15 @@ def test_format_table_aligns_columns():
         "a           1",
         "longer  1,000",
     ]
+
+
+def test_the_gc_advice_is_one_line_from_large_n_on():
+    assert large_n_advice(0) == large_n_advice(LARGE_N - 1) == ""
+    for n in (LARGE_N, 100_000):
+        advice = large_n_advice(n)
+        assert "\n" not in advice
+        assert "'Running 1,000-100,000 envs'" in advice
+        assert "gc.freeze() after construction" in advice
 
 
 def test_int_list_sorts_and_deduplicates():

@@ -69,7 +69,7 @@ import cloudpickle
 import aiovec
 from aiovec._cli.args import int_list, json_object, positive_float, positive_int
 from aiovec._cli.memory import PeakMemory
-from aiovec._cli.report import Progress, StepTimes, format_table
+from aiovec._cli.report import Progress, StepTimes, format_table, large_n_advice
 from aiovec._core.validate import BACKENDS, usable_cpus
 from aiovec.backends import load_backend
 from aiovec.backends._base import check_env
@@ -453,7 +453,7 @@ def _blocking_warning(results: Sequence[Result], factory: Factory) -> str:
 def render(
     results: Sequence[Result], skipped: Sequence[str], factory: Factory, kind: str = "sync"
 ) -> str:
-    """The table, the skipped backends, the recommendation and any warning."""
+    """The table, the skipped backends, the recommendation, any warning and advice."""
     choice = choose(results)
     rows = [_row(result, choice) for result in results]
     header = [
@@ -472,6 +472,9 @@ def render(
     warning = _blocking_warning(results, factory) if kind == "sync" else ""
     if warning:
         parts += ["", warning]
+    advice = large_n_advice(max((r.config.num_envs for r in results), default=0))
+    if advice:
+        parts += ["", advice]
     return "\n".join(parts)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 import aiovec
 from aiovec._cli.args import non_negative_float, positive_int
-from aiovec._cli.report import Progress, StepTimes, format_table
+from aiovec._cli.report import Progress, StepTimes, format_table, large_n_advice
 from aiovec._core.validate import BACKENDS as ALL_BACKENDS
 from aiovec.gameserver import BlockingGameClientEnv, GameClientEnv, GameServer
 
@@ -166,7 +166,7 @@ async def _timed_async(
 
 
 def render(rows: Sequence[Row], settings: DemoSettings) -> str:
-    """The demo's report: the settings, the table and a one-line conclusion."""
+    """The demo's report: the settings, the table, a one-line conclusion (and advice)."""
     base = rows[0].times
     table = format_table(
         ["how", "env-steps/s", "step p50", "step p99", "speed-up"],
@@ -190,7 +190,9 @@ def render(rows: Sequence[Row], settings: DemoSettings) -> str:
         f"A step is one vector step of all {n} envs; (a) was timed over {base.steps} steps, "
         f"(b) and (c) over {rows[1].times.steps} each."
     )
-    return "\n".join([intro, "", table, "", steps, _conclusion(rows, settings)])
+    advice = large_n_advice(n)
+    lines = [intro, "", table, "", steps, _conclusion(rows, settings)]
+    return "\n".join([*lines, advice] if advice else lines)
 
 
 def _conclusion(rows: Sequence[Row], settings: DemoSettings) -> str:

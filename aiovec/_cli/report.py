@@ -1,4 +1,4 @@
-"""Timings, tables and a progress bar for the commands (plain text, no dependency).
+"""Timings, tables, a progress bar and advice for the commands (plain text, no dependency).
 
 A command measures *vector steps*: each one is timed on its own, so a row can
 say both how much work got done (env-steps per second, over the whole timed
@@ -7,6 +7,8 @@ times).  Tables are fixed-width text for a terminal or a CI log.  The progress
 bar goes to stderr, so stdout holds only the results: on a terminal it is
 redrawn in place at most ten times a second; anywhere else (a CI log, a pipe)
 it prints one line when each phase starts, never a stream of carriage returns.
+From `LARGE_N` envs on, both commands end with one line of advice on the garbage
+collector (`large_n_advice`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,33 @@ from typing import TextIO
 
 import numpy as np
 
-__all__ = ("Progress", "StepTimes", "format_table")
+__all__ = ("LARGE_N", "Progress", "StepTimes", "format_table", "large_n_advice")
+
+LARGE_N = 1_000
+"""From this many envs on, the commands point to the garbage collector's advice.
+
+Measured on either side of it: at 256 envs that wait 5 ms, aiovec steps as fast as
+a bare ``asyncio.gather`` or faster (docs/performance.md); at 10,000, turning the
+cyclic garbage collector off more than halved a step's time.  At 1,000, a waiting
+step keeps some 5,000 container objects alive at once (five per env, counted by
+``benchmarks/allocations.py``), seven times the collector's default threshold of
+700: it collects several times in every step, each time walking what is alive.
+"""
+
+
+def large_n_advice(num_envs: int) -> str:
+    """One line of advice for ``num_envs`` >= `LARGE_N` envs, else ``""``.
+
+    aiovec never changes the process's garbage collector settings: it says
+    where the knobs are measured, and leaves the choice to the user.
+    """
+    if num_envs < LARGE_N:
+        return ""
+    return (
+        f"Note: with {LARGE_N:,} envs or more, Python's garbage collector can take much of "
+        "each step: see docs/performance.md, 'Running 1,000-100,000 envs' (gc.freeze() "
+        "after construction, a raised gc threshold, uvloop)."
+    )
 
 
 @dataclass(frozen=True)
