@@ -599,7 +599,8 @@ def add_parser(commands: Any) -> None:
         help="measure your env factory on every backend and recommend one",
         description=(
             "Measure an env factory on every available backend and several sizes, print "
-            "env-steps/s, step latency and memory, and recommend the fastest configuration."
+            "env-steps/s, step latency and memory, and recommend a configuration: the fastest, "
+            "or the simplest of those within the noise of it."
         ),
     )
     parser.add_argument(
