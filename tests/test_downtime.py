@@ -86,17 +86,21 @@ class CountingServer:
             self._start(self._serve, conn)
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rwb") as stream:
-            for line in stream:
-                command, env = line.decode().split()
-                with self._lock:
-                    if command == "step":
-                        self.counts[env] += 1
-                    count = self.counts[env]
-                stream.write(b"%d\n" % count)
-                stream.flush()
-        with self._lock:
-            self._conns.discard(conn)
+        try:
+            with conn.makefile("rwb") as stream:
+                for line in stream:
+                    command, env = line.decode().split()
+                    with self._lock:
+                        if command == "step":
+                            self.counts[env] += 1
+                        count = self.counts[env]
+                    stream.write(b"%d\n" % count)
+                    stream.flush()
+        finally:
+            # Forgotten before it is closed: down() shuts down only open sockets.
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
 
 
 class CountingClient(aiovec.AsyncEnv[int, int]):
