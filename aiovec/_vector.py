@@ -400,7 +400,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 "send() starts envs on the running event loop: call it from async code "
                 "(BlockingVectorEnv.send works from anywhere)"
             ) from None
-        self._launch_sent(ids, StepOp(self.autoreset_mode, per_env, reset_first), "send()")
+        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions, stream=True)
+        self._launch_sent(ids, op, "send()")
 
     def _launch_sent(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""

@@ -586,7 +586,8 @@ def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
         for seq in (7, 8):  # Odd's info is {"t": t} on odd steps only
             arrays.actions[:] = [0, 1, 0]
             arrays.resets[:] = False
-            group._lean_step(_messages.LeanStep.frame(seq, "NextStep")[4:], write)
+            group.out = write
+            group._step(seq, range(3), "NextStep", None, None, False, lean=True)
             (payload,) = _wire.Frames().feed(os.read(read, 1 << 16))
             replies.append(payload)
     finally:
@@ -597,8 +598,8 @@ def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
     reply = pickle.loads(first)
     assert isinstance(reply, _messages.Reply)
     assert isinstance(reply.body, _messages.StepReply)
-    errors, infos, finals, odd, _ = reply.body
-    assert (reply.seq, errors, finals, odd) == (7, {}, {}, {})
+    errors, infos, finals, odd, _, part = reply.body
+    assert (reply.seq, errors, finals, odd, part) == (7, {}, {}, {}, None)
     assert infos == {j: {"t": 1} for j in range(3)}
     assert second[0] == _messages.LEAN
     assert _messages.LeanReply.parse(second).seq == 8
@@ -656,7 +657,7 @@ def test_results_written_together_are_those_written_one_by_one(
         for step in range(3):
             arrays.observations[:] = -1.0  # nothing left from the last step
             reply = group.step(range(4), "NextStep", [False] * 4, [step % 2, 1, 0, 1])
-            errors, infos, finals, odd, _ = reply
+            errors, infos, finals, odd, *_ = reply
             replies.append(({j: type(e) for j, e in errors.items()}, infos, finals, set(odd)))
         group.close()
     half = len(replies) // 2

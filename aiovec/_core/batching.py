@@ -98,6 +98,7 @@ class Batcher:
         self._concatenate = concatenate.dispatch(type(observation_space))
         self._iterate = iterate.dispatch(type(self.action_space))
         self._check_actions = action_checker(action_space, num_envs)
+        self._subset_spaces: dict[int, spaces.Space[Any]] = {}  # batched, by count
         self._box = type(observation_space) is spaces.Box
 
     # -- actions ---------------------------------------------------------------
@@ -112,7 +113,10 @@ class Batcher:
             self._check_actions(actions)
             return PerEnv(self._iterate, self.action_space, actions)
         action_checker(self.single_action_space, count)(actions)
-        return list(iterate(batch_space(self.single_action_space, count), actions))
+        space = self._subset_spaces.get(count)
+        if space is None:
+            space = self._subset_spaces[count] = batch_space(self.single_action_space, count)
+        return PerEnv(self._iterate, space, actions)
 
     # -- results ---------------------------------------------------------------
 

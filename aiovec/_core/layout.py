@@ -23,13 +23,13 @@ is a fast path, never a second set of rules.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import create_empty_array
 
-__all__ = ("Layout", "StepArrays", "StepLayout", "copy_rows", "take_rows")
+__all__ = ("EVERY", "Filler", "Layout", "StepArrays", "StepLayout", "copy_rows", "take_rows")
 
 _ALIGN = 64  # every array starts on a cache line
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -50,6 +50,16 @@ class Leaf(NamedTuple):
     def nbytes(self) -> int:
         """Bytes the array takes."""
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+EVERY = slice(None)
+"""Every row (the default rows of a `Layout.filler`)."""
+
+
+class Filler(Protocol):
+    """A compiled `Layout.filler`: writes a batch into some rows, ``False`` if it does not fit."""
+
+    def __call__(self, value: Any, rows: slice | list[int] = ..., /) -> bool: ...
 
 
 def _aligned(offset: int) -> int:
@@ -144,46 +154,51 @@ class Layout(NamedTuple):
 
         return compile_(self.tree, views)
 
-    def filler(self, views: Any) -> Callable[[Any], bool]:
-        """A function writing a whole batch into ``views``, compiled once.
+    def filler(self, views: Any) -> Filler:
+        """A function writing a batch into some rows of ``views``, compiled once.
 
-        It writes exact shapes and dtypes only, and returns ``False`` (maybe
-        having written part of it) for a batch that does not fit.
+        ``fill(value, rows)`` writes ``value`` (a batch of ``len(rows)``) into
+        ``rows`` (`EVERY`, the default: every row).  It writes exact shapes and
+        dtypes only, and returns ``False`` (maybe having written part of it)
+        for a batch that does not fit.
         """
 
-        def compile_(tree: Tree, target: Any) -> Callable[[Any], bool]:
+        def compile_(tree: Tree, target: Any) -> Filler:
             kind, content = tree
             if kind == "leaf":
-                shape, dtype = target.shape, target.dtype
+                shape, row_shape, dtype = target.shape, target.shape[1:], target.dtype
 
-                def fill_leaf(value: Any) -> bool:
-                    if (
-                        type(value) is not np.ndarray
-                        or value.shape != shape
-                        or value.dtype != dtype
-                    ):
+                def fill_leaf(value: Any, rows: slice | list[int] = EVERY) -> bool:
+                    if type(value) is not np.ndarray or value.dtype != dtype:
                         return False
-                    target[...] = value
+                    if type(rows) is slice:
+                        if value.shape != shape:
+                            return False
+                        target[...] = value
+                    else:
+                        if value.shape[1:] != row_shape or len(value) != len(rows):
+                            return False
+                        target[rows] = value
                     return True
 
                 return fill_leaf
             if kind == "dict":
                 parts = [(key, compile_(sub, target[key])) for key, sub in content]
 
-                def fill_dict(value: Any) -> bool:
+                def fill_dict(value: Any, rows: slice | list[int] = EVERY) -> bool:
                     return isinstance(value, dict) and all(
-                        key in value and put(value[key]) for key, put in parts
+                        key in value and put(value[key], rows) for key, put in parts
                     )
 
                 return fill_dict
             items = [compile_(sub, target[k]) for k, sub in enumerate(content)]
             size = len(items)
 
-            def fill_tuple(value: Any) -> bool:
+            def fill_tuple(value: Any, rows: slice | list[int] = EVERY) -> bool:
                 return (
                     isinstance(value, tuple)
                     and len(value) == size
-                    and all(put(v) for put, v in zip(items, value, strict=True))
+                    and all(put(v, rows) for put, v in zip(items, value, strict=True))
                 )
 
             return fill_tuple

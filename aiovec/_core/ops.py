@@ -24,9 +24,10 @@ __all__ = ("CallOp", "Op", "StepOp")
 class StepOp(NamedTuple):
     """Step envs: ``actions[k]`` and ``reset_first[k]`` belong to the k-th env.
 
-    ``batch`` is the validated batch of actions as the user gave it, when the
-    op covers every env in order: a process backend copies it into shared
-    memory at once instead of sending ``actions`` one by one.
+    ``batch`` is the validated batch of actions as the user gave it, in the
+    order of the op's envs: a process backend copies it into shared memory at
+    once instead of sending ``actions`` one by one.  ``stream``: the results
+    are wanted env by env, as each finishes (``send()``), not all at once.
     """
 
     mode: AutoresetMode
@@ -34,17 +35,25 @@ class StepOp(NamedTuple):
     reset_first: Sequence[bool]
     name: str = "step"
     batch: Any = None
+    stream: bool = False
 
     def subset(self, positions: Sequence[int]) -> StepOp:
         """The same op restricted to some of its envs (by position)."""
         if isinstance(positions, range) and positions.step == 1:  # a worker's whole group
             part = slice(positions.start, positions.stop)
-            return StepOp(self.mode, self.actions[part], self.reset_first[part], self.name)
+            return StepOp(
+                self.mode,
+                self.actions[part],
+                self.reset_first[part],
+                self.name,
+                stream=self.stream,
+            )
         return StepOp(
             self.mode,
             [self.actions[k] for k in positions],
             [self.reset_first[k] for k in positions],
             self.name,
+            stream=self.stream,
         )
 
 

@@ -12,10 +12,18 @@ actor calls and object refs).
 - **What is in flight.**  Each request is a `Request`: its worker, its envs,
   when it started.  ``waiting_on[i]`` is the request env ``i`` waits on; a
   reply is delivered only to the envs still waiting on it (`waiting`).
-- **Cancel.**  A worker cannot be interrupted: `cancel` reports the envs as
-  cancelled at once, marks their request *partial*, and keeps it in ``stuck``
-  (the worker still runs it).  Its late reply is dropped.  A stuck worker is
-  replaced, not reused, when its envs are rebuilt.
+- **Streamed results.**  A request may be answered in parts (``send()``'s
+  steps are): each `StepReply` names the envs it covers, the last one covers
+  the rest; `deliver_step` hands over only those, and `waiting` knows which
+  envs of a request are still out.
+- **Cancel.**  `cancel` reports the envs as cancelled at once, marks their
+  request *partial*, and keeps it in ``stuck`` until the worker's late
+  outcome for them comes (then dropped).  An async env's call is cancelled
+  in its worker (`interrupt`), and the worker goes on with its other envs.
+  A sync env cannot be interrupted: its worker is *blocked* until that call
+  ends, and a call on any env of a blocked worker fails at once with a
+  ``TimeoutError`` naming the abandoned call; its envs count as lost, so
+  ``reset()`` and restarts replace the worker.
 - **A worker dies** (killed, crashed, its node lost, or its reply unreadable):
   `lose` fails its envs in flight with one `WorkerDiedError` whose cause is a
   ``ChildProcessError`` saying which worker died and how, and leaves all its
@@ -28,8 +36,11 @@ actor calls and object refs).
   stuck worker is replaced by a new one (logged as a warning on the
   ``aiovec`` logger), whose envs must have the spaces of the others
   (`check_rebuilt_spaces`).
-- **Close.**  `close_live_envs` closes every env not lost within
-  `CLOSE_TIMEOUT`; the transport then stops its workers.
+- **Close.**  `close_live_envs` gives blocked workers `STUCK_GRACE` seconds
+  to end their abandoned call, kills those still blocked (their envs'
+  failures were reported already: nothing is raised for them), then closes
+  every env not lost within `CLOSE_TIMEOUT`; the transport then stops its
+  workers.
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ import abc
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 
@@ -51,6 +62,7 @@ from aiovec.backends._base import Backend, EnvTraits, check_rebuilt_spaces
 from aiovec.backends._messages import Failed, Outcome, Ready, StepReply
 
 __all__ = (
+    "STUCK_GRACE",
     "GroupedBackend",
     "Request",
     "close_op",
@@ -58,6 +70,10 @@ __all__ = (
     "ready_traits",
     "split",
 )
+
+
+STUCK_GRACE = 0.5
+"""Seconds ``close()`` waits for a worker blocked in an abandoned sync call before killing it."""
 
 
 def split(num_envs: int, count: int) -> list[range]:
@@ -93,9 +109,9 @@ def close_op(count: int) -> CallOp:
 
 
 class Request:
-    """A request in flight: its worker, its envs, when it started; or a control future."""
+    """A request in flight: its worker, its envs, its call, when it started; or a control future."""
 
-    __slots__ = ("envs", "future", "partial", "since", "worker")
+    __slots__ = ("envs", "future", "name", "partial", "since", "worker")
 
     def __init__(
         self,
@@ -103,9 +119,11 @@ class Request:
         envs: Sequence[int],
         since: float,
         future: asyncio.Future[Any] | None = None,
+        name: str = "step",
     ) -> None:
         self.worker, self.envs, self.since, self.future = worker, envs, since, future
-        self.partial = False  # some of its envs were cancelled
+        self.name = name
+        self.partial = False  # some of its envs were cancelled, or delivered apart
 
 
 class GroupedBackend(Backend):
@@ -119,6 +137,8 @@ class GroupedBackend(Backend):
     """
 
     workers: list[Any]
+    INTERRUPTS: ClassVar[bool] = False
+    """Whether a worker can cancel an async env's call in flight (`interrupt`)."""
 
     def __init__(
         self,
@@ -162,11 +182,28 @@ class GroupedBackend(Backend):
         self.waiting_on: list[Request | None] = [None] * self.num_envs
         self.stuck: dict[int, Request] = {}  # env -> its abandoned request still running
         self._lost: set[int] = set()  # envs whose worker died
+        self.asyncs = [False] * self.num_envs  # which envs are async (`note_ready`)
+        self.blocked: dict[int, str] = {}  # worker -> the abandoned sync call it runs
+        self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
+
+    def note_ready(self, w: int, body: Any) -> None:
+        """Worker ``w`` reported its envs (`Ready`): which of them are async."""
+        if isinstance(body, Ready) and body.asyncs:
+            group = self.groups[w]
+            self.asyncs[group.start : group.stop] = body.asyncs
+            self.blocked.pop(w, None)
 
     @property
     def lost(self) -> frozenset[int]:
-        """Envs whose worker died, until `rebuild` starts a new one for them."""
-        return frozenset(self._lost)
+        """Envs whose worker died or is blocked, until `rebuild` replaces it."""
+        if self.blocked:
+            self.refresh()
+        if not self.blocked:
+            return frozenset(self._lost)
+        return frozenset(self._lost.union(*(self.groups[w] for w in self.blocked)))
+
+    def refresh(self) -> None:
+        """Take in, without waiting, the replies that have come (a transport may)."""
 
     @property
     def num_workers(self) -> int:
@@ -179,7 +216,7 @@ class GroupedBackend(Backend):
         """Make one request per worker hosting some of ``indices``; returns at once."""
         since = time.perf_counter()
         self.pending.update(indices)
-        if indices == self.all and not self._lost:  # each worker gets its whole group
+        if indices == self.all and not self._lost and not self.blocked:  # every whole group
             if self.launch_whole(op, since):
                 return
             self._started[:] = [since] * self.num_envs
@@ -212,6 +249,9 @@ class GroupedBackend(Backend):
             by_worker.setdefault(owner[i], []).append(k)
         for w, given in by_worker.items():
             positions = given
+            if w in self.blocked:
+                self.fail_blocked(w, [indices[k] for k in given])
+                continue
             if lost:
                 self.fail_lost(indices[k] for k in given)
                 positions = [k for k in given if indices[k] not in lost]
@@ -230,6 +270,19 @@ class GroupedBackend(Backend):
         )
         self._fail_gone(lost, died)
 
+    def fail_blocked(self, w: int, envs: Sequence[int]) -> None:
+        """Fail ``envs`` at once: their worker ``w`` still runs an abandoned sync call."""
+        for i in envs:
+            self._finish(
+                i,
+                None,
+                TimeoutError(
+                    f"env {i} cannot be reached: its {self.workers[w].describe()} still runs "
+                    f"{self.blocked[w]}, abandoned (a sync env cannot be interrupted); "
+                    "reset() or on_error='restart' replaces the worker"
+                ),
+            )
+
     def wait_on(self, request: Request, envs: Sequence[int]) -> None:
         """The envs ``envs`` now wait on ``request``."""
         if isinstance(envs, range):
@@ -238,10 +291,16 @@ class GroupedBackend(Backend):
             for i in envs:
                 self.waiting_on[i] = request
 
-    def waiting(self, request: Request) -> Sequence[int]:
-        """The envs of ``request`` still waiting on it (others were cancelled); now none."""
+    def waiting(self, request: Request, envs: Sequence[int] | None = None) -> Sequence[int]:
+        """The envs of ``request`` (or those of it in ``envs``) still waiting on it; now none.
+
+        Envs of it that were cancelled are no longer stuck: the worker is done with them.
+        """
         waiting_on = self.waiting_on
-        envs = request.envs
+        if envs is None:
+            envs = request.envs
+        else:
+            request.partial = True  # delivered in parts: look env by env from now on
         if not request.partial:
             if isinstance(envs, range):
                 waiting_on[envs.start : envs.stop] = [None] * len(envs)
@@ -256,16 +315,43 @@ class GroupedBackend(Backend):
                 waiting.append(i)
             elif self.stuck.get(i) is request:  # an abandoned call's late outcome: dropped
                 del self.stuck[i]
+                self._unblock(self.owner[i])
         return waiting
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
-        """Abandon the calls in flight (of ``indices``, or all): workers run them to the end."""
-        for i in list(self.pending if indices is None else self.pending.intersection(indices)):
+        """Abandon the calls in flight (of ``indices``, or all).
+
+        An async env's call is cancelled in its worker (where the transport can);
+        a sync env's runs to its end and blocks its worker until then.
+        """
+        interrupt: dict[int, list[int]] = {}
+        for i in sorted(self.pending if indices is None else self.pending.intersection(indices)):
             request, self.waiting_on[i] = self.waiting_on[i], None
             if request is not None:
                 self.stuck[i] = request
                 request.partial = True
+                w = self.owner[i]
+                if self.INTERRUPTS and self.asyncs[i]:
+                    interrupt.setdefault(w, []).append(i - self.groups[w].start)
+                elif w not in self.blocked:
+                    self.blocked[w] = f"env {i}'s {request.name}() call"
             self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
+        for w, locals_ in interrupt.items():
+            self.interrupt(self.workers[w], locals_)
+
+    def interrupt(self, worker: Any, locals_: list[int]) -> None:
+        """Cancel the calls in flight of the async envs ``locals_`` in ``worker``."""
+        raise NotImplementedError  # only where INTERRUPTS
+
+    def _unblock(self, w: int) -> None:
+        """Worker ``w`` is no longer blocked if none of its sync envs is stuck."""
+        if w in self.blocked and not any(
+            i in self.stuck and not (self.INTERRUPTS and self.asyncs[i]) for i in self.groups[w]
+        ):
+            del self.blocked[w]
+            waiter = self._unblocked
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     # -- replies -----------------------------------------------------------------------
 
@@ -277,10 +363,13 @@ class GroupedBackend(Backend):
                 self._finish(i, value, error)
 
     def deliver_step(self, request: Request, reply: StepReply) -> None:
-        """A step's reply: errors and odd transitions one by one, the rest as one block."""
-        errors, infos, finals, odd, _ = reply
-        waiting = self.waiting(request)
+        """A step's reply: errors and odd transitions one by one, the rest as one block.
+
+        A part of a streamed request (``reply.envs``) delivers only its envs.
+        """
+        errors, infos, finals, odd, _, part = reply
         first = request.worker.group.start
+        waiting = self.waiting(request, None if part is None else [first + j for j in part])
         if errors or odd or request.partial:
             waiting_set = set(waiting)
             for j, error in errors.items():
@@ -316,6 +405,7 @@ class GroupedBackend(Backend):
         self._lost.update(group)
         for i in group:
             self.stuck.pop(i, None)
+        self._unblock(self.owner[group.start])
         self.fail_waiting(worker, cause)
 
     def fail_waiting(self, worker: Any, cause: ChildProcessError) -> None:
@@ -334,8 +424,17 @@ class GroupedBackend(Backend):
     # -- rebuilding ------------------------------------------------------------------
 
     def healthy(self, w: int) -> bool:
-        """Whether worker ``w`` can rebuild envs itself (not dead, lost or stuck)."""
-        return not any(i in self.stuck or i in self._lost for i in self.groups[w])
+        """Whether worker ``w`` can rebuild envs itself (alive, not blocked or stuck).
+
+        A worker whose stuck envs are async only has cancelled their calls: it
+        rebuilds them once those have ended.  A new worker that replaced a dead
+        one rebuilds in place its envs still marked lost (not all of them: a
+        worker whose every env is lost is dead, or failed to build them).
+        """
+        group = self.groups[w]
+        if not self.workers[w].alive or w in self.blocked or self._lost.issuperset(group):
+            return False
+        return self.INTERRUPTS or not any(i in self.stuck for i in group)
 
     async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Rebuild envs in their worker; a dead or stuck worker is replaced by a new one."""
@@ -359,6 +458,7 @@ class GroupedBackend(Backend):
         if self.healthy(w):
             failed = await self.rebuild_in_place(w, [i - first for i in envs])
             if failed is not None:
+                self._lost.difference_update(i for i in envs if i - first not in failed)
                 return {first + j: error for j, error in failed.items()}
         logger.warning(
             "replacing the %s (envs %s): it died or is stuck in an abandoned call",
@@ -384,6 +484,35 @@ class GroupedBackend(Backend):
     # -- closing ---------------------------------------------------------------------
 
     async def close_live_envs(self) -> dict[int, BaseException]:
-        """Close every env not lost (within `CLOSE_TIMEOUT`); errors by env."""
+        """Close every env not lost (within `CLOSE_TIMEOUT`); errors by env.
+
+        A worker still blocked in an abandoned sync call `STUCK_GRACE` seconds
+        from now is killed: its envs are not closed, and nothing is raised for
+        them (the call that abandoned them raised already).
+        """
+        await self.drain()  # calls still in flight are abandoned now
+        deadline = time.perf_counter() + STUCK_GRACE
+        while self.blocked and (left := deadline - time.perf_counter()) > 0:
+            self.refresh()
+            if not self.blocked:
+                break
+            self._unblocked = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait([self._unblocked], timeout=left)
+            finally:
+                self._unblocked = None
+        for w, what in list(self.blocked.items()):
+            worker = self.workers[w]
+            logger.warning(
+                "killing the %s: it still runs %s, abandoned; envs %s are not closed",
+                worker.describe(),
+                what,
+                list(worker.group),
+            )
+            self.kill(w)
         alive = [i for i in range(self.num_envs) if i not in self._lost]
         return await self._close_envs(alive)
+
+    @abc.abstractmethod
+    def kill(self, w: int) -> None:
+        """Kill worker ``w`` at once (its envs are lost)."""

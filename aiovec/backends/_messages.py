@@ -9,7 +9,12 @@ Requests:
 
 - `StepRequest`: step those envs through their own ``step_flow``; ``None`` for
   ``reset_first`` or ``actions`` means "read them from the shared step rows".
-  Answered by a `StepReply`.
+  Answered by a `StepReply`; a *streamed* request (``stream``, from ``send()``)
+  by several, each covering the envs that finished since the last
+  (``StepReply.envs``), the last one covering the rest.
+- `Cancel`: cancel whatever those envs are running (an async env's task is
+  cancelled; a sync env cannot be interrupted).  No reply of its own: the
+  cancelled call's reply carries the envs' ``CancelledError``.
 - `Call`: one call per env (reset, render, close, ...); a `CallReply`.
 - `Rebuild`: close those envs (best effort) and build new ones; a
   `RebuildReply`.
@@ -43,6 +48,7 @@ __all__ = (
     "AttachReply",
     "Call",
     "CallReply",
+    "Cancel",
     "Failed",
     "LeanReply",
     "LeanStep",
@@ -71,6 +77,14 @@ class StepRequest(NamedTuple):
     mode: str
     reset_first: Sequence[bool] | None
     actions: Sequence[Any] | None
+    stream: bool = False  # publish each env's result as soon as it is done
+
+
+class Cancel(NamedTuple):
+    """Cancel the calls in flight of the envs ``locals`` (async envs' tasks)."""
+
+    seq: int
+    locals: Sequence[int]
 
 
 class Call(NamedTuple):
@@ -99,16 +113,17 @@ class Stop(NamedTuple):
     """Exit (the envs were closed by a `Call`, or are abandoned)."""
 
 
-WorkerRequest = StepRequest | Call | Rebuild | Attach | Stop
+WorkerRequest = StepRequest | Call | Cancel | Rebuild | Attach | Stop
 
 # -- replies ---------------------------------------------------------------------------
 
 
 class Ready(NamedTuple):
-    """A new worker built its envs: their traits (and, for a Ray actor, its node)."""
+    """A new worker built its envs: their traits, which are async (and a Ray actor's node)."""
 
     traits: EnvTraits
     node_id: str | None = None
+    asyncs: tuple[bool, ...] = ()
 
 
 class Failed(NamedTuple):
@@ -126,7 +141,9 @@ class StepReply(NamedTuple):
     ``finals``: ``SAME_STEP`` final observations and infos; ``odd``: whole
     transitions that did not fit the rows.  ``rows``: the group's step rows
     themselves where the worker shares none with the parent (a Ray actor's,
-    as bytes).
+    as bytes).  ``envs``: the envs this reply covers, when the request is
+    streamed and more replies follow; ``None``: every env of the request not
+    covered yet (the request's last reply).
     """
 
     errors: dict[int, BaseException]
@@ -134,6 +151,7 @@ class StepReply(NamedTuple):
     finals: dict[int, dict[str, Any]]
     odd: dict[int, Transition]
     rows: Any = None
+    envs: Sequence[int] | None = None
 
 
 CLEAN_STEP = StepReply({}, {}, {}, {})
@@ -147,9 +165,13 @@ class CallReply(NamedTuple):
 
 
 class RebuildReply(NamedTuple):
-    """The envs of the `Rebuild` whose factory failed (or made an env with other spaces)."""
+    """The envs of the `Rebuild` whose factory failed (or made an env with other spaces).
+
+    ``asyncs``: whether each env rebuilt is async, by local index.
+    """
 
     errors: dict[int, BaseException]
+    asyncs: dict[int, bool] | None = None
 
 
 class AttachReply(NamedTuple):
@@ -173,28 +195,32 @@ MODES = tuple(mode.value for mode in AutoresetMode)  # by code
 _MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
 # The fields of each frame, named once: the payload's, then framed at once (the
 # length header, as `_wire.frame` writes it, then the payload).
-_LEAN_STEP = struct.Struct("!BqB")  # LEAN, seq, the autoreset mode's code
+_LEAN_STEP = struct.Struct("!BqBB")  # LEAN, seq, the autoreset mode's code, stream
 _LEAN_REPLY = struct.Struct("!Bq")  # LEAN, seq
 _LEAN_STEP_FRAMED = struct.Struct("!i" + _LEAN_STEP.format[1:])
 _LEAN_REPLY_FRAMED = struct.Struct("!i" + _LEAN_REPLY.format[1:])
 
 
 class LeanStep(NamedTuple):
-    """Step every env of the group, its actions and reset flags read from the shared rows."""
+    """Step every env of the group, its actions and reset flags read from the shared rows.
+
+    ``stream``: as `StepRequest`'s.
+    """
 
     seq: int
     mode: str
+    stream: bool = False
 
     @staticmethod
-    def frame(seq: int, mode: str) -> bytes:
-        """The request ``LeanStep(seq, mode)``, framed (no tuple made: a step's hot path)."""
-        return _LEAN_STEP_FRAMED.pack(_LEAN_STEP.size, LEAN, seq, _MODE_CODES[mode])
+    def frame(seq: int, mode: str, stream: bool = False) -> bytes:
+        """The request ``LeanStep(seq, mode, stream)``, framed (no tuple made: a hot path)."""
+        return _LEAN_STEP_FRAMED.pack(_LEAN_STEP.size, LEAN, seq, _MODE_CODES[mode], stream)
 
     @classmethod
     def parse(cls, payload: bytes) -> LeanStep:
         """The request of a framed payload (its length header cut off)."""
-        _, seq, mode = _LEAN_STEP.unpack(payload)
-        return cls(seq, MODES[mode])
+        _, seq, mode, stream = _LEAN_STEP.unpack(payload)
+        return cls(seq, MODES[mode], bool(stream))
 
 
 class LeanReply(NamedTuple):

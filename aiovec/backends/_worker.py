@@ -14,7 +14,14 @@ step (`LeanStep`, not a pickle) is the same step of the whole group, its
 actions and reset flags read from the shared buffer; when the reply would say
 nothing, it is the fixed-size `LeanReply`.
 
-Async envs run on the worker's own event loop, gathered per request.  Errors
+Async envs run on the worker's own event loop, each call a task of its own,
+while the worker reads the next requests: a `Cancel` cancels an env's task, and
+the worker's other envs go on.  Sync envs run one after another, never
+interrupted.  A request whose envs are all sync and whose results are wanted
+together is answered once, as before; others are *jobs* (`_Job`) answered as
+their envs end: a streamed step (``send()``) publishes each env's result as
+soon as it is done (envs done together share a message; a run of sync envs
+publishes at its end, or every `FLUSH_AFTER` seconds by a timer).  Errors
 travel as values; one that does not survive pickling is replaced by a
 ``RuntimeError`` carrying its repr.  The worker ignores SIGINT (Ctrl-C is the
 parent's to handle, and the parent reaps its workers) and exits when its
@@ -25,6 +32,7 @@ hold copies of earlier workers' pipes; they exit too, so the closing cascades).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import os
 import pickle
@@ -32,6 +40,7 @@ import signal
 import traceback
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from multiprocessing.connection import Connection
+from types import FrameType
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -62,6 +71,7 @@ from aiovec.backends._messages import (
     AttachReply,
     Call,
     CallReply,
+    Cancel,
     Failed,
     LeanReply,
     LeanStep,
@@ -75,7 +85,7 @@ from aiovec.backends._messages import (
 )
 from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame, write_all
 
-__all__ = ("Group", "GroupFlow", "build_flow", "main")
+__all__ = ("FLUSH_AFTER", "Group", "GroupFlow", "build_flow", "main")
 
 T = TypeVar("T")
 GroupFlow = Generator[list[Coroutine[Any, Any, Any]], list[Any], T]
@@ -92,6 +102,14 @@ _FLAGS = validate.FLAG_TYPES
 _DICTS = validate.DICT_TYPES
 _ARRAYS = frozenset({np.ndarray})
 
+FLUSH_AFTER = 0.001
+"""Seconds a finished sync env's result may wait for the sync envs after it.
+
+In a streamed request (``send()``) a worker publishes its sync envs' results
+at the end of each run of sync envs, in one message; if that run goes on for
+longer than this, a timer (``SIGALRM``) publishes what has finished so far,
+so that a slow env never holds back the results before it for long."""
+
 
 def main(
     requests: Connection, replies: Connection, shared: SharedFile, factories: bytes, first: int
@@ -104,8 +122,10 @@ def main(
     except _BuildFailed as failed:
         _send(out, Reply(0, failed.reply()))
         return
+    signal.signal(signal.SIGALRM, group.on_alarm)
+    signal.siginterrupt(signal.SIGALRM, False)  # a sync env's system calls go on
     try:
-        _send(out, Reply(0, Ready(group.traits())))
+        _send(out, Reply(0, Ready(group.traits(), asyncs=group.asyncs())))
         group.serve(requests.fileno(), out)
     finally:
         group.close()
@@ -142,6 +162,15 @@ class Group:
         """
         self.fns, self.first, self.shared_fd = list(fns), first, shared_fd
         self.loop: asyncio.AbstractEventLoop | None = None
+        # A worker process's requests that run on its loop (`_Job`), and each
+        # async env's call in flight there.
+        self.out = -1  # the reply pipe
+        self.jobs: set[_Job] = set()
+        self.tasks: list[asyncio.Task[Any] | None] = [None] * len(fns)
+        self._changed: asyncio.Future[None] | None = None  # a job ended
+        self._burst: _Job | None = None  # the streamed job whose sync envs run now
+        self._armed = False  # the flush timer is set
+        self._writing = False  # a reply is being written (the timer must not cut in)
         if envs is None:
             try:
                 envs = self._run(build_flow(self.fns, first))
@@ -166,40 +195,253 @@ class Group:
     def traits(self) -> EnvTraits:
         return EnvTraits.of(self.envs)
 
+    def asyncs(self) -> tuple[bool, ...]:
+        """Whether each env is async (its calls can be cancelled in the worker)."""
+        return tuple(self.is_async)
+
     def serve(self, requests: int, replies: int) -> None:
-        """Answer requests until told to stop or the request pipe closes."""
+        """Answer requests until told to stop or the request pipe closes.
+
+        While no call runs on the loop, the worker waits in a plain ``read``;
+        otherwise it runs its loop until a request comes.
+        """
+        self.out = replies
         frames = Frames()
         while True:
-            data = os.read(requests, READ_SIZE)
+            data = self._next(requests)
             if not data:  # the parent is gone
                 return
             for payload in frames.feed(data):
                 if payload[0] == LEAN:
-                    self._lean_step(payload, replies)
+                    seq, mode, stream = LeanStep.parse(payload)
+                    self._step(seq, range(len(self.envs)), mode, None, None, stream, lean=True)
                     continue
                 request = pickle.loads(payload)
                 kind = type(request)
-                body: StepReply | CallReply | RebuildReply | AttachReply
                 if kind is StepRequest:
-                    body = self.step(*request[1:])
+                    self._step(*request, lean=False)
                 elif kind is Call:
-                    body = CallReply(self.call(request.locals, request.op))
+                    self._call(request.seq, request.locals, request.op)
+                elif kind is Cancel:
+                    self._cancel(request.locals)
                 elif kind is Rebuild:
-                    body = RebuildReply(self.rebuild(request.locals))
+                    self._settle(request.locals)
+                    errors = self.rebuild(request.locals)
+                    asyncs = {j: self.is_async[j] for j in request.locals}
+                    _send(replies, Reply(request.seq, RebuildReply(errors, asyncs)))
                 elif kind is Attach:
-                    body = AttachReply(self.attach(request.layout))
+                    _send(replies, Reply(request.seq, AttachReply(self.attach(request.layout))))
                 else:  # Stop
                     return
-                _send(replies, Reply(request.seq, body))
 
-    def _lean_step(self, payload: bytes, replies: int) -> None:
-        """Step every env from the shared buffer; the lean reply if all went there."""
-        seq, mode = LeanStep.parse(payload)
-        reply = self.step(range(len(self.envs)), mode, None, None)
-        if any(reply):  # errors, infos, finals or odd transitions to tell
-            _send(replies, Reply(seq, reply))
+    def _next(self, requests: int) -> bytes:
+        """The next bytes of requests; meanwhile the loop runs the calls in flight."""
+        if self.jobs:
+            loop = self._loop()
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(requests, _resolve, readable)
+            try:
+                loop.run_until_complete(self._until(readable))
+            finally:
+                loop.remove_reader(requests)
+        return os.read(requests, READ_SIZE)
+
+    async def _until(self, readable: asyncio.Future[None]) -> None:
+        """Run until a request is readable or no call is in flight."""
+        loop = self._loop()
+        while self.jobs and not readable.done():
+            changed = self._changed = loop.create_future()
+            await asyncio.wait([readable, changed], return_when=asyncio.FIRST_COMPLETED)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop
+
+    # -- requests on the loop: async envs as tasks, results streamed ------------------
+
+    def _step(  # noqa: PLR0917  (a StepRequest's fields, in order)
+        self,
+        seq: int,
+        locals_: Sequence[int],
+        mode: str,
+        reset_first: Sequence[bool] | None,
+        actions: Sequence[Any] | None,
+        stream: bool,
+        *,
+        lean: bool,
+    ) -> None:
+        """Step envs ``locals_``: async envs as tasks on the loop, then sync envs in turn.
+
+        A request of sync envs only, not streamed, is stepped at once and
+        answered once (the lean reply when every result went to the rows).
+        """
+        is_async = self.is_async
+        if not stream and not any(is_async[j] for j in locals_):
+            reply = self.step(locals_, mode, reset_first, actions)
+            if lean and not any(reply):  # nothing to tell beyond the rows
+                write_all(self.out, LeanReply.frame(seq))
+            else:
+                _send(self.out, Reply(seq, reply))
+            return
+        if actions is None:
+            actions = self._shared_actions(locals_)
+        if reset_first is None:
+            reset_first = self._shared_resets(locals_)
+        # Async envs' results are always published as they come (envs done in the
+        # same loop iteration share a message): a slow env must not make another
+        # env of its worker miss its deadline.
+        job = _Job(seq, len(locals_), True, lean, step=True)
+        envs, flows = self.envs, self.flows
+        later = []
+        for k, j in enumerate(locals_):
+            if is_async[j]:
+                self._start(job, k, j, self._async_step(j, mode, reset_first[k], actions[k]))
+            else:
+                later.append(k)
+        if later:
+            self._burst = job if stream and len(later) > 1 else None
+            try:
+                for k in later:
+                    j = locals_[k]
+                    flow = flows[j] or flow_at(flows, j, mode)
+                    try:
+                        job.stepped[j] = step_sync(envs[j], flow, reset_first[k], actions[k])
+                    except BaseException as exc:
+                        job.errors[j] = self._failed(j, exc)
+                    job.left -= 1
+                    if self._burst is not None and job.left and not self._armed:
+                        self._armed = True
+                        signal.setitimer(signal.ITIMER_REAL, FLUSH_AFTER)
+            finally:
+                self._burst = None
+                if self._armed:
+                    self._armed = False
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            if job.left and (job.stepped or job.errors):  # async envs still to run: publish
+                self._publish(job, last=False)
+        self._progress(job)
+
+    async def _async_step(self, j: int, mode: str, reset_first: bool, action: Any) -> Any:
+        flows = self.flows
+        flow = flows[j] or flow_at(flows, j, mode)
+        return await step_async(self.envs[j], flow, reset_first, action)
+
+    def _call(self, seq: int, locals_: Sequence[int], op: CallOp) -> None:
+        """One call per env of ``locals_``: async envs' as tasks; one reply."""
+        if not any(self.is_async[j] for j in locals_):
+            _send(self.out, Reply(seq, CallReply(self.call(locals_, op))))
+            return
+        job = _Job(seq, len(locals_), False, False, step=False)
+        job.outcomes = [(None, None)] * len(locals_)
+        for k, j in enumerate(locals_):
+            env, call = self.envs[j], op.calls[k]
+            if self.is_async[j]:
+                self._start(job, k, j, perform_async(env, call))
+                continue
+            try:
+                job.outcomes[k] = (perform_sync(env, call), None)
+            except BaseException as exc:
+                job.outcomes[k] = None, self._failed(j, exc)
+            job.left -= 1
+        self._progress(job)
+
+    def _start(self, job: _Job, k: int, j: int, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run env ``j``'s call as a task, once its call before (if any) has ended."""
+        before = self.tasks[j]
+        if before is not None and not before.done():
+            coro = _after(before, coro)
+        task = self._loop().create_task(coro)
+        self.tasks[j] = task
+        self.jobs.add(job)
+        task.add_done_callback(lambda task: self._async_done(job, k, j, task))
+
+    def _async_done(self, job: _Job, k: int, j: int, task: asyncio.Task[Any]) -> None:
+        if self.tasks[j] is task:
+            self.tasks[j] = None
+        try:
+            value = task.result()
+        except BaseException as exc:  # a CancelledError too: its call was abandoned
+            error = self._failed(j, exc)
+            if job.step:
+                job.errors[j] = error
+            else:
+                job.outcomes[k] = None, error
         else:
-            write_all(replies, LeanReply.frame(seq))
+            if job.step:
+                job.stepped[j] = value
+            else:
+                job.outcomes[k] = value, None
+        job.left -= 1
+        self._progress(job)
+
+    def _progress(self, job: _Job) -> None:
+        """Reply once every env of ``job`` is done; a streamed step publishes as they end."""
+        if job.left == 0:
+            self.jobs.discard(job)
+            if job.step:
+                self._publish(job, last=True)
+            else:
+                _send(self.out, Reply(job.seq, CallReply(job.outcomes)))
+            changed = self._changed
+            if changed is not None and not changed.done():
+                changed.set_result(None)
+            return
+        self.jobs.add(job)
+        if job.stream and not job.flushing and (job.stepped or job.errors):
+            job.flushing = True  # once per loop iteration: envs done together share a reply
+            self._loop().call_soon(self._flush, job)
+
+    def _flush(self, job: _Job) -> None:
+        job.flushing = False
+        if job.left and (job.stepped or job.errors):
+            self._publish(job, last=False)
+
+    def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        """The flush timer: publish the results of a run of sync envs that goes on."""
+        self._armed = False
+        job = self._burst
+        if job is None or self._writing or not (job.stepped or job.errors):
+            return
+        with contextlib.suppress(Exception):  # a broken pipe: the parent is gone
+            self._publish(job, last=False)
+
+    def _publish(self, job: _Job, *, last: bool) -> None:
+        """Write the results of ``job`` not yet published to the rows; reply with the rest."""
+        self._writing = True
+        try:
+            stepped, errors = job.stepped, job.errors
+            job.stepped, job.errors = {}, {}
+            infos: dict[int, dict[str, Any]] = {}
+            finals: dict[int, dict[str, Any]] = {}
+            odd: dict[int, Transition] = {}
+            if not self._put_together(stepped, infos, finals):
+                for j, transition in stepped.items():
+                    self._put(j, transition, infos, finals, odd)
+            if last:
+                if job.lean and not job.published and not (errors or infos or finals or odd):
+                    write_all(self.out, LeanReply.frame(job.seq))
+                    return
+                reply = StepReply(errors, infos, finals, odd)
+            else:
+                job.published = True
+                reply = StepReply(errors, infos, finals, odd, envs=[*stepped, *errors])
+            _send(self.out, Reply(job.seq, reply))
+        finally:
+            self._writing = False
+
+    def _cancel(self, locals_: Sequence[int]) -> None:
+        """Cancel the async envs' calls in flight (each fails with CancelledError)."""
+        for j in locals_:
+            task = self.tasks[j]
+            if task is not None:
+                task.cancel()
+
+    def _settle(self, locals_: Sequence[int]) -> None:
+        """Wait until the calls in flight of envs ``locals_`` (cancelled ones) have ended."""
+        tasks = [task for j in locals_ if (task := self.tasks[j]) is not None]
+        if tasks:
+            self._loop().run_until_complete(asyncio.wait(tasks))
 
     # -- the shared step buffer -----------------------------------------------------
 
@@ -418,9 +660,7 @@ class Group:
         try:
             coros = next(flow)
             while True:
-                if self.loop is None:
-                    self.loop = asyncio.new_event_loop()
-                coros = flow.send(self.loop.run_until_complete(gather_outcomes(coros)))
+                coros = flow.send(self._loop().run_until_complete(gather_outcomes(coros)))
         except StopIteration as stop:
             result: T = stop.value
             return result
@@ -458,7 +698,55 @@ class Group:
     def close(self) -> None:
         """Release the worker's loop (envs were closed by a ``close`` op, or are lost)."""
         if self.loop is not None:
+            for task in self.tasks:
+                if task is not None:
+                    task.cancel()
             self.loop.close()
+
+
+class _Job:
+    """A request of a worker process whose envs' calls run on its loop.
+
+    ``left`` counts the envs not done; a step's results wait in ``stepped`` and
+    ``errors`` until they are published (all at the end, or, for a streamed
+    request, as they come); a call's in ``outcomes``, for one reply.
+    """
+
+    __slots__ = (
+        "errors",
+        "flushing",
+        "lean",
+        "left",
+        "outcomes",
+        "published",
+        "seq",
+        "step",
+        "stepped",
+        "stream",
+    )
+
+    def __init__(self, seq: int, count: int, stream: bool, lean: bool, *, step: bool) -> None:
+        self.seq, self.left, self.stream, self.lean, self.step = seq, count, stream, lean, step
+        self.stepped: dict[int, Transition] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.outcomes: list[Outcome] = []
+        self.flushing = False  # a flush is scheduled on the loop
+        self.published = False  # a part was published already
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _after(before: asyncio.Task[Any], coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``, once the task ``before`` (the same env's call before, cancelled) ended."""
+    try:
+        await asyncio.wait([before])
+    except BaseException:
+        coro.close()
+        raise
+    return await coro
 
 
 def build_flow(fns: Sequence[Callable[[], Any]], first: int) -> GroupFlow[list[Any]]:
@@ -503,7 +791,7 @@ def _portable_message(message: Reply) -> Reply:
     if isinstance(reply, CallReply):
         return Reply(seq, CallReply([_portable_outcome(*outcome) for outcome in reply.outcomes]))
     if isinstance(reply, StepReply):
-        errors, infos, finals, odd, rows = reply
+        errors, infos, finals, odd, rows, envs = reply
         errors = dict(errors)
         for part in (infos, finals, odd):
             for j in list(part):
@@ -511,7 +799,7 @@ def _portable_message(message: Reply) -> Reply:
                 if error is not None:
                     del part[j]
                     errors[j] = error
-        return Reply(seq, StepReply(errors, infos, finals, odd, rows))
+        return Reply(seq, StepReply(errors, infos, finals, odd, rows, envs))
     return message
 
 

@@ -71,7 +71,7 @@ from typing import Any, ClassVar
 import cloudpickle
 
 from aiovec._core import validate
-from aiovec._core.layout import StepArrays, StepLayout
+from aiovec._core.layout import Filler, StepArrays, StepLayout
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.rows import StepBlock
 from aiovec._errors import WorkerDiedError
@@ -90,6 +90,7 @@ from aiovec.backends._messages import (
     AttachReply,
     Call,
     CallReply,
+    Cancel,
     LeanReply,
     LeanStep,
     Rebuild,
@@ -213,6 +214,7 @@ class ProcessBackend(GroupedBackend):
     """
 
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"cpus"})
+    INTERRUPTS = True
 
     def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
         """Read the options; one worker per usable CPU by default."""
@@ -227,8 +229,9 @@ class ProcessBackend(GroupedBackend):
         self._pollers: dict[_Worker, Any] = {}  # a blocking wait's poll objects, by worker
         self._loop: asyncio.AbstractEventLoop | None = None
         self._buffer = _SharedBuffer()
+        self._in_buffer = False  # the step being launched is in the buffer already
         self._shared: _SharedBuffer | None = None  # the buffer, once it is in use
-        self._fill_actions: Callable[[Any], bool] | None = None  # actions into the buffer
+        self._fill_actions: Filler | None = None  # actions into the buffer
         self._finalizer = weakref.finalize(self, _reap, self.workers, self._buffer)
         return num_workers or len(self._usable)
 
@@ -242,7 +245,13 @@ class ProcessBackend(GroupedBackend):
         self._cpus = cpus
         for w in range(len(self.groups)):
             self.workers.append(self._start(w))
-        return [_check_ready(worker, _first_message(worker)) for worker in self.workers]
+        return [self._ready(w, _first_message(worker)) for w, worker in enumerate(self.workers)]
+
+    def _ready(self, w: int, reply: Any) -> EnvTraits:
+        """Worker ``w``'s traits, from its first word."""
+        traits = _check_ready(self.workers[w], reply)
+        self.note_ready(w, reply)
+        return traits
 
     def started(self) -> None:
         """Share the step buffer; from now on replies are only read with ``os.read``."""
@@ -435,7 +444,10 @@ class ProcessBackend(GroupedBackend):
             if worker.ready is not None and not worker.ready.done():
                 worker.ready.set_result(reply)
             return
-        request = self._requests.pop(seq, None)
+        if type(reply) is StepReply and reply.envs is not None:  # a part: more to come
+            request = self._requests.get(seq)
+        else:
+            request = self._requests.pop(seq, None)
         if request is None:  # a reply to a request abandoned with its worker
             return
         if request.future is not None:
@@ -488,13 +500,6 @@ class ProcessBackend(GroupedBackend):
 
     # -- running ops -------------------------------------------------------------------
 
-    def launch(self, indices: Sequence[int], op: Op) -> None:
-        """Write one request per worker hosting some of ``indices``; returns at once."""
-        self._attach()
-        if self._lean:
-            self._settle_lean()
-        super().launch(indices, op)
-
     def launch_whole(self, op: Op, since: float) -> bool:
         """A whole step whose actions fit the buffer is a lean step (`_lean_step`)."""
         if not self._actions_in_buffer(op):
@@ -539,8 +544,39 @@ class ProcessBackend(GroupedBackend):
             except OSError:  # it died; its sentinel may not have woken the loop yet
                 self._on_exit(worker)
 
+    def launch(self, indices: Sequence[int], op: Op) -> None:
+        """Write one request per worker hosting some of ``indices``; returns at once.
+
+        A streamed step (``send()``) whose actions fit the shared buffer puts
+        them there, with its reset flags, for every env at once.
+        """
+        self._attach()
+        if self._lean:
+            self._settle_lean()
+        self._in_buffer = (
+            isinstance(op, StepOp)
+            and op.stream
+            and self._fill_actions is not None
+            and op.batch is not None
+            and self._stream_into_buffer(indices, op)
+        )
+        super().launch(indices, op)
+
+    def _stream_into_buffer(self, indices: Sequence[int], op: StepOp) -> bool:
+        """Copy a streamed step's actions and reset flags into the rows of ``indices``."""
+        assert self._fill_actions is not None
+        assert self._shared is not None
+        assert self._shared.arrays is not None
+        rows: slice | list[int] = (
+            slice(None) if len(indices) == self.num_envs and indices == self.all else list(indices)
+        )
+        if not self._fill_actions(op.batch, rows):
+            return False
+        self._shared.arrays.resets[rows] = op.reset_first
+        return True
+
     def request(self, worker: _Worker, envs: Sequence[int], op: Op, since: float) -> None:
-        """Send ``op`` for ``envs`` (all hosted by ``worker``), pickled."""
+        """Send ``op`` for ``envs`` (all hosted by ``worker``), pickled or lean."""
         self._seq += 1
         seq = self._seq
         first = worker.group.start
@@ -551,7 +587,24 @@ class ProcessBackend(GroupedBackend):
         )
         message: StepRequest | Call
         if isinstance(op, StepOp):
-            message = StepRequest(seq, locals_, op.mode.value, op.reset_first, op.actions)
+            if self._in_buffer:  # a streamed step: its actions are in the rows already
+                request = self._requests[seq] = Request(worker, envs, since, name=op.name)
+                self.wait_on(request, envs)
+                if len(locals_) == len(worker.group) and list(locals_) == list(
+                    range(len(worker.group))
+                ):
+                    data = LeanStep.frame(seq, op.mode.value, stream=True)
+                else:
+                    message = StepRequest(seq, locals_, op.mode.value, None, None, True)
+                    data = frame(pickle.dumps(message, _PROTOCOL))
+                try:
+                    self._post_framed(worker, data)
+                except OSError:  # it died; its sentinel may not have woken the loop yet
+                    self._on_exit(worker)
+                return
+            message = StepRequest(
+                seq, locals_, op.mode.value, op.reset_first, op.actions, op.stream
+            )
         else:
             assert isinstance(op, CallOp)
             message = Call(seq, locals_, op)
@@ -563,7 +616,7 @@ class ProcessBackend(GroupedBackend):
         except Exception as exc:
             self.unsendable(envs, op, exc)
             return
-        request = self._requests[seq] = Request(worker, envs, since)
+        request = self._requests[seq] = Request(worker, envs, since, name=op.name)
         self.wait_on(request, envs)
         try:
             self._post(worker, None, data)
@@ -726,9 +779,34 @@ class ProcessBackend(GroupedBackend):
         return self.workers
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
-        """Abandon the calls in flight (of ``indices``, or all): workers run them to the end."""
+        """Abandon the calls in flight (of ``indices``, or all); async envs' are cancelled."""
         self._settle_lean()
         super().cancel(indices)
+
+    def interrupt(self, worker: _Worker, locals_: list[int]) -> None:
+        """Ask ``worker`` to cancel the calls of its async envs ``locals_``."""
+        if worker.alive:
+            try:
+                self._post(worker, Cancel(0, locals_))
+            except OSError:  # it died; its sentinel says so
+                self._on_exit(worker)
+
+    def refresh(self) -> None:
+        """Take in the replies blocked workers have sent (their late outcomes), if any."""
+        for w in list(self.blocked):
+            worker = self.workers[w]
+            if worker.alive and (data := _read(worker)) is not None:
+                self._on_data(worker, data)
+
+    def kill(self, w: int) -> None:
+        """Kill worker ``w`` now (its envs are lost)."""
+        worker = self.workers[w]
+        if worker.alive:
+            worker.process.kill()
+            self._on_exit(
+                worker,
+                ChildProcessError(f"{worker.describe()} was killed: it was blocked"),
+            )
 
     # -- rebuilding ------------------------------------------------------------------
 
@@ -750,7 +828,7 @@ class ProcessBackend(GroupedBackend):
         self._pollers.clear()
         worker.ready = loop.create_future()
         self._watch(worker)
-        traits = _check_ready(worker, await worker.ready)
+        traits = self._ready(w, await worker.ready)
         if self._shared is not None:
             attached: AttachReply = await self._control(worker, Attach, self._shared.layout)
             if attached.error is not None:

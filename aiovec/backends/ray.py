@@ -482,6 +482,12 @@ class RayBackend(GroupedBackend):
             ray.kill(actor.handle, no_restart=True)
         self.lose(actor, actor.death(cause))
 
+    def kill(self, w: int) -> None:
+        """Kill actor ``w`` now (its envs are lost)."""
+        actor = self.workers[w]
+        if actor.alive:
+            self._on_death(actor, RuntimeError("killed: it was blocked in an abandoned call"))
+
     # -- rebuilding ------------------------------------------------------------------
 
     async def rebuild_in_place(self, w: int, locals_: list[int]) -> dict[int, BaseException] | None:

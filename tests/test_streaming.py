@@ -1,0 +1,284 @@
+"""Envs grouped on workers keep the promises of one loop (issue 15).
+
+- ``recv(min_envs=k)`` returns as soon as any k envs have finished, whichever
+  workers they are on: a finished env is never held back by a slower env of its
+  worker (only a sync env cannot *start* before the sync env ahead of it ends);
+- an async env past its timeout is cancelled inside its worker, which goes on;
+- ``close()`` after a timeout, a Ctrl-C or a killed worker is prompt, and raises
+  nothing for envs whose failure was reported already.
+
+Gates (``aiovec.testing.Gate``) hold an env in its call until the test
+releases it; nothing here waits on a sleep.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+
+import aiovec
+from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, SpaceEnv
+
+N = 4  # on 2 workers: envs 0-1 and 2-3
+ACTIONS = np.zeros(N, np.int64)
+
+
+def _env(gate: Gate | None, flavour: str) -> Any:
+    """A long-episode env; its first step waits on ``gate`` (if any)."""
+    env = SpaceEnv(min_len=1000, max_len=1000)
+    if flavour == "async":  # every env async; one that never waits has an unused gate
+        return AsyncHangingEnv(env, gate or _NEVER, at=1 if gate else 1 << 30)
+    if gate is None:
+        return env
+    return HangingEnv(env, gate, at=1, give_up_after=30.0)
+
+
+def _fns(hanging: dict[int, Gate], flavour: str) -> list[Any]:
+    return [functools.partial(_env, hanging.get(i), flavour) for i in range(N)]
+
+
+class _Unused(Gate):
+    def __init__(self) -> None:  # no pipe: never waited on
+        pass
+
+
+_NEVER = _Unused()
+
+
+def _children() -> list[Any]:
+    import multiprocessing
+
+    return multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.asyncio
+async def test_recv_takes_a_finished_env_before_the_slower_env_after_it(tmp_path, flavour):
+    gate = Gate(tmp_path)
+    venv = aiovec.AsyncioVectorEnv(_fns({3: gate}, flavour), backend="process", num_workers=2)
+    try:
+        await venv.reset(seed=0)
+        venv.send(ACTIONS)
+        *_, ids = await venv.recv(min_envs=3)
+        assert ids.tolist() == [0, 1, 2]  # env 2 does not wait for env 3, its worker's next
+        gate.release()
+        *_, ids = await venv.recv()
+        assert ids.tolist() == [3]
+    finally:
+        gate.release()
+        await venv.close()
+    assert not _children()
+
+
+def test_recv_takes_a_finished_env_before_the_slower_one_blocking(tmp_path):
+    gate = Gate(tmp_path)
+    with aiovec.BlockingVectorEnv(
+        _fns({3: gate}, "sync"), backend="process", num_workers=2
+    ) as venv:
+        try:
+            venv.reset(seed=0)
+            venv.send(ACTIONS)
+            *_, ids = venv.recv(min_envs=3)
+            assert ids.tolist() == [0, 1, 2]
+            gate.release()
+            *_, ids = venv.recv()
+            assert ids.tolist() == [3]
+        finally:
+            gate.release()
+    assert not _children()
+
+
+@pytest.mark.asyncio
+async def test_an_async_env_waiting_lets_the_envs_of_its_worker_through(tmp_path):
+    gate = Gate(tmp_path)
+    # env 2 waits; env 3, after it in the same worker, is async and answers at once
+    venv = aiovec.AsyncioVectorEnv(_fns({2: gate}, "async"), backend="process", num_workers=2)
+    try:
+        await venv.reset(seed=0)
+        venv.send(ACTIONS)
+        *_, ids = await venv.recv(min_envs=3)
+        assert ids.tolist() == [0, 1, 3]
+        gate.release()
+        *_, ids = await venv.recv()
+        assert ids.tolist() == [2]
+    finally:
+        gate.release()
+        await venv.close()
+
+
+@pytest.mark.asyncio
+async def test_a_sync_env_cannot_start_before_the_sync_env_ahead_of_it(tmp_path):
+    """The one inherent limit: a worker runs its sync envs one after another."""
+    gate = Gate(tmp_path)
+    venv = aiovec.AsyncioVectorEnv(_fns({2: gate}, "sync"), backend="process", num_workers=2)
+    try:
+        await venv.reset(seed=0)
+        venv.send(ACTIONS)
+        *_, ids = await venv.recv(min_envs=3, timeout=0.5)
+        assert ids.tolist() == [0, 1]  # env 3 waits for env 2, ahead of it
+        gate.release()
+        *_, ids = await venv.recv()
+        assert ids.tolist() == [2, 3]
+    finally:
+        gate.release()
+        await venv.close()
+
+
+@pytest.mark.asyncio
+async def test_rows_and_env_ids_match_what_each_env_returned(tmp_path):
+    """Rows streamed from both workers, in any order, are each env's own transition."""
+    gate = Gate(tmp_path)
+    fns = [functools.partial(_Echo, i, gate if i == 1 else None) for i in range(N)]
+    venv = aiovec.AsyncioVectorEnv(fns, backend="process", num_workers=2)
+    try:
+        await venv.reset(seed=0)
+        venv.send(np.array([5, 7], np.int64), env_ids=[1, 3])
+        obs, rewards, *_, ids = await venv.recv(min_envs=1)
+        assert ids.tolist() == [3]
+        assert obs.tolist() == [[3, 7]]
+        assert rewards.tolist() == [7.0]
+        venv.send(np.array([2, 4], np.int64), env_ids=[3, 2])
+        obs, rewards, *_, ids = await venv.recv(min_envs=2)
+        assert ids.tolist() == [2, 3]
+        assert obs.tolist() == [[2, 4], [3, 2]]
+        assert rewards.tolist() == [4.0, 2.0]
+        gate.release()
+        obs, rewards, *_, ids = await venv.recv()
+        assert ids.tolist() == [1]
+        assert obs.tolist() == [[1, 5]]
+        assert rewards.tolist() == [5.0]
+    finally:
+        gate.release()
+        await venv.close()
+
+
+class _Echo(gymnasium.Env[np.ndarray, int]):
+    """Observes (its index, the last action), rewarded the action; env 1 may wait on a gate."""
+
+    observation_space = gymnasium.spaces.Box(0, 100, (2,), np.int64)
+    action_space = gymnasium.spaces.Discrete(10)
+
+    def __init__(self, index: int, gate: Gate | None) -> None:
+        self.index, self.gate = index, gate
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([self.index, 0]), {}
+
+    def step(self, action):
+        if self.gate is not None:
+            self.gate.wait(30.0)
+        return np.array([self.index, int(action)]), float(action), False, False, {}
+
+
+@pytest.mark.asyncio
+async def test_an_async_env_past_its_timeout_is_cancelled_in_its_worker(tmp_path):
+    gate = Gate(tmp_path)
+    venv = aiovec.AsyncioVectorEnv(
+        _fns({1: gate}, "async"), backend="process", num_workers=2, step_timeout=0.5
+    )
+    try:
+        await venv.reset(seed=0)
+        pids = venv._backend.pids  # type: ignore[union-attr]
+        with pytest.raises(aiovec.EnvTimeoutError) as info:
+            await venv.step(ACTIONS)
+        assert set(info.value.errors) == {1}  # env 0, on the same worker, answered in time
+        # the worker cancelled env 1's step and is healthy: reset goes to it
+        await venv.reset(seed=1)
+        assert venv._backend.pids == pids  # type: ignore[union-attr]
+        await venv.step(ACTIONS)
+    finally:
+        gate.release()
+        await venv.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.asyncio
+async def test_close_after_a_step_timeout_is_prompt_and_raises_nothing(tmp_path, flavour):
+    gate = Gate(tmp_path)
+    venv = aiovec.AsyncioVectorEnv(
+        _fns({1: gate}, flavour), backend="process", num_workers=2, step_timeout=0.5
+    )
+    try:
+        await venv.reset(seed=0)
+        with pytest.raises(aiovec.EnvTimeoutError):
+            await venv.step(ACTIONS)
+        started = time.perf_counter()
+        await venv.close()  # env 0 was healthy; env 1's failure was reported
+        assert time.perf_counter() - started < 5.0  # was 10 s and an EnvError
+    finally:
+        gate.release()
+    assert not _children()
+
+
+@pytest.mark.asyncio
+async def test_a_call_on_a_worker_blocked_in_a_sync_env_fails_at_once(tmp_path):
+    gate = Gate(tmp_path)
+    venv = aiovec.AsyncioVectorEnv(
+        _fns({1: gate}, "sync"), backend="process", num_workers=2, step_timeout=0.5
+    )
+    try:
+        await venv.reset(seed=0)
+        venv.send(ACTIONS)
+        with pytest.raises(aiovec.EnvTimeoutError):
+            await venv.recv()
+        await venv.reset(seed=1)  # replaces the blocked worker, as a dead one
+        venv.send(ACTIONS[:2], env_ids=[2, 3])
+        *_, ids = await venv.recv()
+        assert ids.tolist() == [2, 3]
+    finally:
+        gate.release()
+        await venv.close()
+    assert not _children()
+
+
+def test_close_after_ctrl_c_mid_step_is_prompt_and_raises_nothing(tmp_path):
+    gate = Gate(tmp_path)
+    fns = _fns({1: gate}, "sync")
+    fns[2] = functools.partial(_Interrupting, SpaceEnv(min_len=1000, max_len=1000), os.getpid())
+    venv = aiovec.BlockingVectorEnv(fns, backend="process", num_workers=2)
+    try:
+        venv.reset(seed=0)
+        with pytest.raises(KeyboardInterrupt):
+            venv.step(ACTIONS)
+        started = time.perf_counter()
+        venv.close()
+        assert time.perf_counter() - started < 5.0
+    finally:
+        gate.release()
+        venv.close()
+    assert not _children()
+
+
+class _Interrupting(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Its first step presses Ctrl-C for the parent process (from a worker)."""
+
+    def __init__(self, env: Any, parent: int) -> None:
+        super().__init__(env)
+        self.parent, self.pressed = parent, False
+
+    def step(self, action: Any) -> Any:
+        if not self.pressed:
+            self.pressed = True
+            os.kill(self.parent, signal.SIGINT)
+        return super().step(action)
+
+
+@pytest.mark.asyncio
+async def test_close_after_a_worker_was_killed_raises_nothing():
+    venv = aiovec.AsyncioVectorEnv(_fns({}, "sync"), backend="process", num_workers=2)
+    try:
+        await venv.reset(seed=0)
+        os.kill(venv._backend.pids[0], signal.SIGKILL)  # type: ignore[union-attr]
+        with pytest.raises(aiovec.WorkerDiedError):
+            await venv.step(ACTIONS)
+    finally:
+        await venv.close()
+    assert not _children()
