@@ -176,9 +176,11 @@ class Fault:
         async faulty env runs on its loop, and cancels that env's late call:
         there, only the faulty env fails.
         """
-        if self.whole_worker and backend in GROUP_BACKENDS:
-            if not (backend == "process" and flavour == "async"):
-                return set(worker_group(env))
+        taken_along = backend in GROUP_BACKENDS and not (
+            backend == "process" and flavour == "async"
+        )
+        if self.whole_worker and taken_along:
+            return set(worker_group(env))
         return {env}
 
     def kwargs(self) -> dict[str, Any]:
