@@ -18,7 +18,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from aiovec._core.calls import Transition
 from aiovec._core.infos import merge_infos
-from aiovec._core.layout import copy_rows
+from aiovec._core.layout import StepArrays, copy_rows
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._core.validate import action_checker
 
@@ -170,6 +170,10 @@ class Batcher:
             empty: Any = create_empty_array(self.single_observation_space, n=0, fn=np.zeros)
             no = np.zeros(0, dtype=np.bool_)
             return empty, np.zeros(0, dtype=np.float64), no, no.copy(), {}
+        if self._box and type(results) is Rows:
+            arrays = results.shared_arrays()
+            if arrays is not None:  # every row in one shared buffer: copy them out at once
+                return self._subset_rows(indices, results, arrays)
         obs, rewards, terminations, truncations, infos_, finals = zip(
             *map(results.__getitem__, indices), strict=True
         )
@@ -190,6 +194,23 @@ class Batcher:
             np.array(terminations, dtype=np.bool_),
             np.array(truncations, dtype=np.bool_),
             infos,
+        )
+
+    def _subset_rows(self, indices: Sequence[int], results: Rows, arrays: StepArrays) -> StepBatch:
+        """`subset_batch` of Box observations whose rows are all in ``arrays`` (by env index)."""
+        rows = list(indices)
+        batch = arrays.observations[rows]  # fancy indexing: a copy
+        env_obs = self._last_observations()
+        kept = batch.copy()  # each env's last observation, apart from what the caller gets
+        for k, i in enumerate(rows):
+            env_obs[i] = kept[k]
+        extras = results.extras(rows)
+        return (
+            batch,
+            arrays.rewards[rows],
+            arrays.terminations[rows],
+            arrays.truncations[rows],
+            merge_infos(len(rows), _info_entries(extras)) if extras else {},
         )
 
     def _step_blocks(self, blocks: Sequence[StepBlock]) -> StepBatch:

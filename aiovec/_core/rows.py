@@ -93,6 +93,25 @@ class Rows(MutableMapping[int, Transition]):
         self._owners().update(dict.fromkeys(block.envs, block))
         self._blocks.append(block)
 
+    def shared_arrays(self) -> StepArrays | None:
+        """The arrays every transition is in, if all came in blocks of one set of arrays."""
+        blocks = self._blocks
+        if self._single or not blocks:
+            return None
+        arrays = blocks[0].arrays
+        return arrays if all(block.arrays is arrays for block in blocks) else None
+
+    def extras(self, indices: Sequence[int]) -> list[tuple[int, Any, Any]]:
+        """``(k, info, final)`` for the k-th env of ``indices`` whose block holds either."""
+        owners = self._owners()
+        found = []
+        for k, i in enumerate(indices):
+            block = owners[i]
+            info, final = block.infos.get(i), block.finals.get(i)
+            if info or final is not None:
+                found.append((k, info, final))
+        return found
+
     @property
     def singles(self) -> Mapping[int, Transition]:
         """The transitions that came one by one (not in a block)."""

@@ -225,8 +225,12 @@ class GroupedBackend(Backend):
             return
         for i in indices:
             self._started[i] = since
-        for w, envs, part in self.parts(indices, op):
-            self.request(self.workers[w], envs, part, since)
+        for w, envs, positions in self.parts(indices):
+            self.request(self.workers[w], envs, self.part_of(op, positions), since)
+
+    def part_of(self, op: Op, positions: list[int]) -> Op:
+        """The part of ``op`` for its envs at ``positions`` (a transport may need less)."""
+        return op.subset(positions)
 
     def launch_whole(self, op: Op, since: float) -> bool:
         """Start ``op`` on every env a way of the transport's own, if it has one for it."""
@@ -241,8 +245,11 @@ class GroupedBackend(Backend):
         for i in envs:
             self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {error}"))
 
-    def parts(self, indices: Sequence[int], op: Op) -> Iterable[tuple[int, list[int], Op]]:
-        """Each worker's part of ``op``: ``(w, envs, op part)`` (lost envs fail at once)."""
+    def parts(self, indices: Sequence[int]) -> Iterable[tuple[int, list[int], list[int]]]:
+        """Each worker's part of a call: ``(w, envs, positions in indices)``.
+
+        Envs that are lost, or whose worker is blocked, fail at once.
+        """
         by_worker: dict[int, list[int]] = {}
         owner, lost = self.owner, self._lost
         for k, i in enumerate(indices):
@@ -257,7 +264,7 @@ class GroupedBackend(Backend):
                 positions = [k for k in given if indices[k] not in lost]
                 if not positions:
                     continue
-            yield w, [indices[k] for k in positions], op.subset(positions)
+            yield w, [indices[k] for k in positions], positions
 
     def fail_lost(self, envs: Iterable[int]) -> None:
         """Fail those of ``envs`` that are lost, as their worker's death did."""

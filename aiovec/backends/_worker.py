@@ -277,7 +277,7 @@ class Group:
         answered once (the lean reply when every result went to the rows).
         """
         is_async = self.is_async
-        if not stream and not any(is_async[j] for j in locals_):
+        if not stream and not self._any_async(locals_):
             reply = self.step(locals_, mode, reset_first, actions)
             if lean and not any(reply):  # nothing to tell beyond the rows
                 write_all(self.out, LeanReply.frame(seq))
@@ -322,6 +322,15 @@ class Group:
                 self._publish(job, last=False)
         self._progress(job)
 
+    def _any_async(self, locals_: Sequence[int]) -> bool:
+        """Whether any env of ``locals_`` is async."""
+        is_async = self.is_async
+        if True not in is_async:  # the usual group: all sync, or all async
+            return False
+        if False not in is_async:
+            return True
+        return any(is_async[j] for j in locals_)
+
     async def _async_step(self, j: int, mode: str, reset_first: bool, action: Any) -> Any:
         flows = self.flows
         flow = flows[j] or flow_at(flows, j, mode)
@@ -329,7 +338,7 @@ class Group:
 
     def _call(self, seq: int, locals_: Sequence[int], op: CallOp) -> None:
         """One call per env of ``locals_``: async envs' as tasks; one reply."""
-        if not any(self.is_async[j] for j in locals_):
+        if not self._any_async(locals_):
             _send(self.out, Reply(seq, CallReply(self.call(locals_, op))))
             return
         job = _Job(seq, len(locals_), False, False, step=False)

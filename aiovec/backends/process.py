@@ -575,6 +575,10 @@ class ProcessBackend(GroupedBackend):
         self._shared.arrays.resets[rows] = op.reset_first
         return True
 
+    def part_of(self, op: Op, positions: list[int]) -> Op:
+        """A part of ``op``; of a streamed step in the buffer, only its mode is sent."""
+        return op if self._in_buffer else op.subset(positions)
+
     def request(self, worker: _Worker, envs: Sequence[int], op: Op, since: float) -> None:
         """Send ``op`` for ``envs`` (all hosted by ``worker``), pickled or lean."""
         self._seq += 1
