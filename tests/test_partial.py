@@ -15,7 +15,13 @@ import aiovec
 from aiovec._core.lifecycle import State
 from aiovec.testing import AsyncTwin, FaultyEnv, SpaceEnv
 
-SETUPS = [("inline", "sync"), ("inline", "async"), ("thread", "sync")]
+SETUPS = [
+    ("inline", "sync"),
+    ("inline", "async"),
+    ("thread", "sync"),
+    ("process", "sync"),
+    ("process", "async"),
+]
 FRONT_ENDS = ["await", "blocking"]
 N = 4
 

@@ -140,18 +140,22 @@ async def test_rows_and_env_ids_match_what_each_env_returned(tmp_path):
     try:
         await venv.reset(seed=0)
         venv.send(np.array([5, 7], np.int64), env_ids=[1, 3])
-        obs, rewards, *_, ids = await venv.recv(min_envs=1)
+        obs, rewards, _, _, infos, ids = await venv.recv(min_envs=1)
         assert ids.tolist() == [3]
+        assert infos["odd"].tolist() == [3]
+        assert infos["_odd"].tolist() == [True]
         assert obs.tolist() == [[3, 7]]
         assert rewards.tolist() == [7.0]
         venv.send(np.array([2, 4], np.int64), env_ids=[3, 2])
-        obs, rewards, *_, ids = await venv.recv(min_envs=2)
+        obs, rewards, _, _, infos, ids = await venv.recv(min_envs=2)
         assert ids.tolist() == [2, 3]
+        assert "odd" not in infos
         assert obs.tolist() == [[2, 4], [3, 2]]
         assert rewards.tolist() == [4.0, 2.0]
         gate.release()
-        obs, rewards, *_, ids = await venv.recv()
+        obs, rewards, _, _, infos, ids = await venv.recv()
         assert ids.tolist() == [1]
+        assert infos["odd"].tolist() == [1]
         assert obs.tolist() == [[1, 5]]
         assert rewards.tolist() == [5.0]
     finally:
@@ -175,7 +179,8 @@ class _Echo(gymnasium.Env[np.ndarray, int]):
     def step(self, action):
         if self.gate is not None:
             self.gate.wait(30.0)
-        return np.array([self.index, int(action)]), float(action), False, False, {}
+        info = {"odd": self.index} if action % 2 else {}  # infos travel beside the rows
+        return np.array([self.index, int(action)]), float(action), False, False, info
 
 
 @pytest.mark.asyncio
