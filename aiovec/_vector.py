@@ -784,6 +784,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
         backend = self._backend
         assert backend is not None
+        await backend.settle(indices)
         if backend.lost.isdisjoint(indices):
             return {}
         return await backend.rebuild(sorted(backend.lost.intersection(indices)))

@@ -121,6 +121,13 @@ class Backend(abc.ABC):
         """Envs that are gone (their worker died) until `rebuild` replaces them."""
         return frozenset()
 
+    async def settle(self, indices: Sequence[int]) -> None:
+        """Let envs of ``indices`` held by an abandoned call come back, briefly (if they can).
+
+        Nothing to wait for where a call in flight can be cancelled or dropped.
+        """
+        return
+
     @abc.abstractmethod
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Start ``op`` on the envs ``indices`` (none of which may be in flight)."""

@@ -498,16 +498,7 @@ class GroupedBackend(Backend):
         them (the call that abandoned them raised already).
         """
         await self.drain()  # calls still in flight are abandoned now
-        deadline = time.perf_counter() + STUCK_GRACE
-        while self.blocked and (left := deadline - time.perf_counter()) > 0:
-            self.refresh()
-            if not self.blocked:
-                break
-            self._unblocked = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait([self._unblocked], timeout=left)
-            finally:
-                self._unblocked = None
+        await self.settle(self.all)
         for w, what in list(self.blocked.items()):
             worker = self.workers[w]
             logger.warning(
@@ -519,6 +510,25 @@ class GroupedBackend(Backend):
             self.kill(w)
         alive = [i for i in range(self.num_envs) if i not in self._lost]
         return await self._close_envs(alive)
+
+    async def settle(self, indices: Sequence[int]) -> None:
+        """Give the workers of ``indices`` blocked in an abandoned call `STUCK_GRACE` s to end it.
+
+        A call that was abandoned just before it ended (a Ctrl-C, a deadline met
+        by a hair) usually ends within milliseconds: its worker is then not
+        replaced (by ``reset()``) or killed (by ``close()``) for nothing.
+        """
+        owners = {self.owner[i] for i in indices}
+        deadline = time.perf_counter() + STUCK_GRACE
+        while not owners.isdisjoint(self.blocked) and (left := deadline - time.perf_counter()) > 0:
+            self.refresh()
+            if owners.isdisjoint(self.blocked):
+                return
+            self._unblocked = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait([self._unblocked], timeout=left)
+            finally:
+                self._unblocked = None
 
     @abc.abstractmethod
     def kill(self, w: int) -> None:
