@@ -22,9 +22,10 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
+from conftest import HAVE_RAY, RAY_ACTORS
 
 import aiovec
-from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, SpaceEnv
+from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
 
 N = 4  # on 2 workers: envs 0-1 and 2-3
 ACTIONS = np.zeros(N, np.int64)
@@ -50,6 +51,19 @@ class _Unused(Gate):
 
 
 _NEVER = _Unused()
+
+
+GROUPED = ["process", pytest.param("ray", marks=pytest.mark.ray)]
+
+
+def _grouped(backend: str) -> dict[str, Any]:
+    """The arguments of a vector env on ``backend`` (2 workers; ray: the test pool)."""
+    if backend == "ray" and not HAVE_RAY:
+        pytest.skip('ray is not installed (pip install "aiovec[ray]")')
+    kwargs: dict[str, Any] = {"backend": backend, "num_workers": 2}
+    if backend == "ray" and RAY_ACTORS:
+        kwargs["backend_options"] = {"actor_pool": RAY_ACTORS[0]}
+    return kwargs
 
 
 def _children() -> list[Any]:
@@ -204,13 +218,12 @@ async def test_an_async_env_past_its_timeout_is_cancelled_in_its_worker(tmp_path
         await venv.close()
 
 
+@pytest.mark.parametrize("backend", GROUPED)
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 @pytest.mark.asyncio
-async def test_close_after_a_step_timeout_is_prompt_and_raises_nothing(tmp_path, flavour):
+async def test_close_after_a_step_timeout_is_prompt_and_raises_nothing(tmp_path, backend, flavour):
     gate = Gate(tmp_path)
-    venv = aiovec.AsyncioVectorEnv(
-        _fns({1: gate}, flavour), backend="process", num_workers=2, step_timeout=0.5
-    )
+    venv = aiovec.AsyncioVectorEnv(_fns({1: gate}, flavour), step_timeout=0.5, **_grouped(backend))
     try:
         await venv.reset(seed=0)
         with pytest.raises(aiovec.EnvTimeoutError):
@@ -244,11 +257,12 @@ async def test_a_call_on_a_worker_blocked_in_a_sync_env_fails_at_once(tmp_path):
     assert not _children()
 
 
-def test_close_after_ctrl_c_mid_step_is_prompt_and_raises_nothing(tmp_path):
+@pytest.mark.parametrize("backend", GROUPED)
+def test_close_after_ctrl_c_mid_step_is_prompt_and_raises_nothing(tmp_path, backend):
     gate = Gate(tmp_path)
     fns = _fns({1: gate}, "sync")
     fns[2] = functools.partial(_Interrupting, SpaceEnv(min_len=1000, max_len=1000), os.getpid())
-    venv = aiovec.BlockingVectorEnv(fns, backend="process", num_workers=2)
+    venv = aiovec.BlockingVectorEnv(fns, **_grouped(backend))
     try:
         venv.reset(seed=0)
         with pytest.raises(KeyboardInterrupt):
@@ -276,12 +290,14 @@ class _Interrupting(gymnasium.Wrapper[Any, Any, Any, Any]):
         return super().step(action)
 
 
+@pytest.mark.parametrize("backend", GROUPED)
 @pytest.mark.asyncio
-async def test_close_after_a_worker_was_killed_raises_nothing():
-    venv = aiovec.AsyncioVectorEnv(_fns({}, "sync"), backend="process", num_workers=2)
+async def test_close_after_a_worker_was_killed_raises_nothing(tmp_path, backend):
+    fns = _fns({}, "sync")
+    fns[1] = functools.partial(KillingEnv, SpaceEnv(min_len=1000, max_len=1000), spare=os.getpid())
+    venv = aiovec.AsyncioVectorEnv(fns, **_grouped(backend))
     try:
         await venv.reset(seed=0)
-        os.kill(venv._backend.pids[0], signal.SIGKILL)  # type: ignore[union-attr]
         with pytest.raises(aiovec.WorkerDiedError):
             await venv.step(ACTIONS)
     finally:
