@@ -56,7 +56,9 @@ def run() -> tuple[list[tuple[str, float, float]], dict[int, list[tuple[float, f
     weights = rng.standard_normal((4, 64))
     learner: list[tuple[str, float, float]] = []
     steps: dict[int, list[tuple[float, float]]] = {}
-    with aiovec.BlockingVectorEnv([Stamped] * NUM_ENVS, backend="process", num_workers=WORKERS) as venv:
+    with aiovec.BlockingVectorEnv(
+        [Stamped] * NUM_ENVS, backend="process", num_workers=WORKERS
+    ) as venv:
         venv.reset(seed=0)
         venv.send(rng.integers(0, 2, NUM_ENVS), np.arange(NUM_ENVS))
         for k in range(WARMUP + ROUNDS):
@@ -77,13 +79,17 @@ def run() -> tuple[list[tuple[str, float, float]], dict[int, list[tuple[float, f
     return learner, steps
 
 
-def draw(learner: list[tuple[str, float, float]], steps: dict[int, list[tuple[float, float]]]) -> Figure:
+def draw(
+    learner: list[tuple[str, float, float]], steps: dict[int, list[tuple[float, float]]]
+) -> Figure:
     t0 = learner[0][1]
     colours = {"recv": "#dddddd", "learn": "#4c72b0", "send": "#dd8452"}
     figure = Figure(figsize=(10, 2.6))
     axes = figure.subplots()
     for name, start, end in learner:
-        axes.broken_barh([((start - t0) * 1e3, (end - start) * 1e3)], (2.6, 0.8), color=colours[name])
+        axes.broken_barh(
+            [((start - t0) * 1e3, (end - start) * 1e3)], (2.6, 0.8), color=colours[name]
+        )
     for row, pid in enumerate(sorted(steps)):
         spans = [((a - t0) * 1e3, (b - a) * 1e3) for a, b in steps[pid] if a >= t0]
         axes.broken_barh(spans, (1.6 - row, 0.8), color="#55a868")
