@@ -25,6 +25,7 @@ import pytest
 from conftest import HAVE_RAY, RAY_ACTORS
 
 import aiovec
+from aiovec.backends import _worker
 from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
 
 N = 4  # on 2 workers: envs 0-1 and 2-3
@@ -303,3 +304,12 @@ async def test_close_after_a_worker_was_killed_raises_nothing(tmp_path, backend)
     finally:
         await venv.close()
     assert not _children()
+
+
+def test_a_worker_runs_its_envs_on_uvloop_where_it_is_installed():
+    uvloop = pytest.importorskip("uvloop")
+    loop = _worker._new_loop()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()

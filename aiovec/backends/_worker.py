@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import mmap
 import os
 import pickle
@@ -103,12 +104,14 @@ _DICTS = validate.DICT_TYPES
 _ARRAYS = frozenset({np.ndarray})
 
 FLUSH_AFTER = 0.001
-"""Seconds a finished sync env's result may wait for the sync envs after it.
+"""Seconds a finished env's result may wait to share a message with others.
 
+Async envs' results that finish within this of each other go in one message.
 In a streamed request (``send()``) a worker publishes its sync envs' results
 at the end of each run of sync envs, in one message; if that run goes on for
 longer than this, a timer (``SIGALRM``) publishes what has finished so far,
-so that a slow env never holds back the results before it for long."""
+so that a slow env never holds back the results before it for long.  A
+request's last result is published at once, with what is left."""
 
 
 def main(
@@ -244,6 +247,7 @@ class Group:
                 loop.run_until_complete(self._until(readable))
             finally:
                 loop.remove_reader(requests)
+                os.set_blocking(requests, True)  # uvloop's add_reader made it non-blocking
         return os.read(requests, READ_SIZE)
 
     async def _until(self, readable: asyncio.Future[None]) -> None:
@@ -255,7 +259,7 @@ class Group:
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
-            self.loop = asyncio.new_event_loop()
+            self.loop = _new_loop()
         return self.loop
 
     # -- requests on the loop: async envs as tasks, results streamed ------------------
@@ -292,13 +296,19 @@ class Group:
         # same loop iteration share a message): a slow env must not make another
         # env of its worker miss its deadline.
         job = _Job(seq, len(locals_), True, lean, step=True)
-        envs, flows = self.envs, self.flows
+        envs, flows, tasks = self.envs, self.flows, self.tasks
         later = []
         for k, j in enumerate(locals_):
-            if is_async[j]:
-                self._start(job, k, j, self._async_step(j, mode, reset_first[k], actions[k]))
-            else:
+            if not is_async[j]:
                 later.append(k)
+                continue
+            before = tasks[j]
+            if before is None or before.done():
+                flow = flows[j] or flow_at(flows, j, mode)
+                self._start(job, k, j, step_async(envs[j], flow, reset_first[k], actions[k]))
+            else:  # its cancelled call still unwinds: its flow is known once it has
+                coro = self._async_step(j, mode, reset_first[k], actions[k])
+                self._start(job, k, j, _after(before, coro))
         if later:
             self._burst = job if stream and len(later) > 1 else None
             try:
@@ -346,7 +356,11 @@ class Group:
         for k, j in enumerate(locals_):
             env, call = self.envs[j], op.calls[k]
             if self.is_async[j]:
-                self._start(job, k, j, perform_async(env, call))
+                before = self.tasks[j]
+                coro = perform_async(env, call)
+                if before is not None and not before.done():
+                    coro = _after(before, coro)
+                self._start(job, k, j, coro)
                 continue
             try:
                 job.outcomes[k] = (perform_sync(env, call), None)
@@ -356,14 +370,13 @@ class Group:
         self._progress(job)
 
     def _start(self, job: _Job, k: int, j: int, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run env ``j``'s call as a task, once its call before (if any) has ended."""
-        before = self.tasks[j]
-        if before is not None and not before.done():
-            coro = _after(before, coro)
+        """Run env ``j``'s call ``coro`` as a task (the k-th env of ``job``)."""
         task = self._loop().create_task(coro)
         self.tasks[j] = task
-        self.jobs.add(job)
-        task.add_done_callback(lambda task: self._async_done(job, k, j, task))
+        if not job.running:
+            job.running = True
+            self.jobs.add(job)
+        task.add_done_callback(functools.partial(self._async_done, job, k, j))
 
     def _async_done(self, job: _Job, k: int, j: int, task: asyncio.Task[Any]) -> None:
         if self.tasks[j] is task:
@@ -396,10 +409,9 @@ class Group:
             if changed is not None and not changed.done():
                 changed.set_result(None)
             return
-        self.jobs.add(job)
         if job.stream and not job.flushing and (job.stepped or job.errors):
-            job.flushing = True  # once per loop iteration: envs done together share a reply
-            self._loop().call_soon(self._flush, job)
+            job.flushing = True  # envs done within FLUSH_AFTER share a reply
+            self._loop().call_later(FLUSH_AFTER, self._flush, job)
 
     def _flush(self, job: _Job) -> None:
         job.flushing = False
@@ -728,6 +740,7 @@ class _Job:
         "left",
         "outcomes",
         "published",
+        "running",
         "seq",
         "step",
         "stepped",
@@ -741,6 +754,16 @@ class _Job:
         self.outcomes: list[Outcome] = []
         self.flushing = False  # a flush is scheduled on the loop
         self.published = False  # a part was published already
+        self.running = False  # some of its envs' calls are tasks on the loop
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """The worker's event loop: uvloop's where it is installed (less per waiting env)."""
+    try:
+        import uvloop  # noqa: PLC0415  (an optional extra)
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
