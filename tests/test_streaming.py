@@ -25,6 +25,8 @@ import pytest
 from conftest import HAVE_RAY, RAY_ACTORS
 
 import aiovec
+from aiovec._core.calls import RENDER
+from aiovec._core.ops import CallOp
 from aiovec.backends import _worker
 from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
 
@@ -73,19 +75,30 @@ def _children() -> list[Any]:
     return multiprocessing.active_children()
 
 
-@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("slow", "flavour", "first", "then"),
+    [
+        # env 3 waits; env 2, before it in the same worker, is not held back
+        pytest.param(3, "sync", [0, 1, 2], [3], id="sync-env-after-it"),
+        pytest.param(3, "async", [0, 1, 2], [3], id="async-env-after-it"),
+        # env 2 waits; env 3 after it is async: it runs meanwhile
+        pytest.param(2, "async", [0, 1, 3], [2], id="async-env-before-it"),
+        # the one inherent limit: a sync env cannot start before the sync env ahead of it
+        pytest.param(2, "sync", [0, 1], [2, 3], id="sync-env-before-it"),
+    ],
+)
 @pytest.mark.asyncio
-async def test_recv_takes_a_finished_env_before_the_slower_env_after_it(tmp_path, flavour):
+async def test_recv_takes_each_env_as_it_finishes(tmp_path, slow, flavour, first, then):
     gate = Gate(tmp_path)
-    venv = aiovec.AsyncioVectorEnv(_fns({3: gate}, flavour), backend="process", num_workers=2)
+    venv = aiovec.AsyncioVectorEnv(_fns({slow: gate}, flavour), backend="process", num_workers=2)
     try:
         await venv.reset(seed=0)
         venv.send(ACTIONS)
-        *_, ids = await venv.recv(min_envs=3)
-        assert ids.tolist() == [0, 1, 2]  # env 2 does not wait for env 3, its worker's next
+        *_, ids = await venv.recv(min_envs=3, timeout=None if len(first) == 3 else 0.5)
+        assert ids.tolist() == first
         gate.release()
         *_, ids = await venv.recv()
-        assert ids.tolist() == [3]
+        assert ids.tolist() == then
     finally:
         gate.release()
         await venv.close()
@@ -108,42 +121,6 @@ def test_recv_takes_a_finished_env_before_the_slower_one_blocking(tmp_path):
         finally:
             gate.release()
     assert not _children()
-
-
-@pytest.mark.asyncio
-async def test_an_async_env_waiting_lets_the_envs_of_its_worker_through(tmp_path):
-    gate = Gate(tmp_path)
-    # env 2 waits; env 3, after it in the same worker, is async and answers at once
-    venv = aiovec.AsyncioVectorEnv(_fns({2: gate}, "async"), backend="process", num_workers=2)
-    try:
-        await venv.reset(seed=0)
-        venv.send(ACTIONS)
-        *_, ids = await venv.recv(min_envs=3)
-        assert ids.tolist() == [0, 1, 3]
-        gate.release()
-        *_, ids = await venv.recv()
-        assert ids.tolist() == [2]
-    finally:
-        gate.release()
-        await venv.close()
-
-
-@pytest.mark.asyncio
-async def test_a_sync_env_cannot_start_before_the_sync_env_ahead_of_it(tmp_path):
-    """The one inherent limit: a worker runs its sync envs one after another."""
-    gate = Gate(tmp_path)
-    venv = aiovec.AsyncioVectorEnv(_fns({2: gate}, "sync"), backend="process", num_workers=2)
-    try:
-        await venv.reset(seed=0)
-        venv.send(ACTIONS)
-        *_, ids = await venv.recv(min_envs=3, timeout=0.5)
-        assert ids.tolist() == [0, 1]  # env 3 waits for env 2, ahead of it
-        gate.release()
-        *_, ids = await venv.recv()
-        assert ids.tolist() == [2, 3]
-    finally:
-        gate.release()
-        await venv.close()
 
 
 @pytest.mark.asyncio
@@ -245,13 +222,25 @@ async def test_a_call_on_a_worker_blocked_in_a_sync_env_fails_at_once(tmp_path):
     )
     try:
         await venv.reset(seed=0)
+        pids = venv._backend.pids  # type: ignore[union-attr]
         venv.send(ACTIONS)
         with pytest.raises(aiovec.EnvTimeoutError):
             await venv.recv()
+        backend: Any = venv._backend
+        backend.launch([0, 2], CallOp([RENDER] * 2, "render"))  # env 0 shares env 1's worker
+        _, errors = backend.take()  # no wait: env 0 failed at once
+        assert list(errors) == [0]
+        assert isinstance(errors[0], TimeoutError)
+        assert "still runs env 1's step() call, abandoned" in str(errors[0])
+        await backend.collect(1)  # env 2's render, on the other worker
+        assert backend.lost == frozenset({0, 1})
         await venv.reset(seed=1)  # replaces the blocked worker, as a dead one
-        venv.send(ACTIONS[:2], env_ids=[2, 3])
+        assert venv._backend.pids[0] != pids[0]  # type: ignore[union-attr]
+        assert venv._backend.pids[1] == pids[1]  # type: ignore[union-attr]
+        gate.release()  # the rebuilt env 1 waits on the same gate
+        venv.send(ACTIONS[:2], env_ids=[0, 1])
         *_, ids = await venv.recv()
-        assert ids.tolist() == [2, 3]
+        assert ids.tolist() == [0, 1]
     finally:
         gate.release()
         await venv.close()
