@@ -87,10 +87,11 @@ def _children() -> list[Any]:
         pytest.param(2, "sync", [0, 1], [2, 3], id="sync-env-before-it"),
     ],
 )
+@pytest.mark.parametrize("backend", GROUPED)
 @pytest.mark.asyncio
-async def test_recv_takes_each_env_as_it_finishes(tmp_path, slow, flavour, first, then):
+async def test_recv_takes_each_env_as_it_finishes(tmp_path, backend, slow, flavour, first, then):
     gate = Gate(tmp_path)
-    venv = aiovec.AsyncioVectorEnv(_fns({slow: gate}, flavour), backend="process", num_workers=2)
+    venv = aiovec.AsyncioVectorEnv(_fns({slow: gate}, flavour), **_grouped(backend))
     try:
         await venv.reset(seed=0)
         venv.send(ACTIONS)
@@ -123,12 +124,13 @@ def test_recv_takes_a_finished_env_before_the_slower_one_blocking(tmp_path):
     assert not _children()
 
 
+@pytest.mark.parametrize("backend", GROUPED)
 @pytest.mark.asyncio
-async def test_rows_and_env_ids_match_what_each_env_returned(tmp_path):
+async def test_rows_and_env_ids_match_what_each_env_returned(tmp_path, backend):
     """Rows streamed from both workers, in any order, are each env's own transition."""
     gate = Gate(tmp_path)
     fns = [functools.partial(_Echo, i, gate if i == 1 else None) for i in range(N)]
-    venv = aiovec.AsyncioVectorEnv(fns, backend="process", num_workers=2)
+    venv = aiovec.AsyncioVectorEnv(fns, **_grouped(backend))
     try:
         await venv.reset(seed=0)
         venv.send(np.array([5, 7], np.int64), env_ids=[1, 3])

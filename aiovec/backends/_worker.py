@@ -39,7 +39,7 @@ import os
 import pickle
 import signal
 import traceback
-from collections.abc import Callable, Coroutine, Generator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterator, Sequence
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any, TypeVar
@@ -127,6 +127,7 @@ def main(
         return
     signal.signal(signal.SIGALRM, group.on_alarm)
     signal.siginterrupt(signal.SIGALRM, False)  # a sync env's system calls go on
+    group.timed = True
     try:
         _send(out, Reply(0, Ready(group.traits(), asyncs=group.asyncs())))
         group.serve(requests.fileno(), out)
@@ -171,6 +172,9 @@ class Group:
         self.jobs: set[_Job] = set()
         self.tasks: list[asyncio.Task[Any] | None] = [None] * len(fns)
         self._changed: asyncio.Future[None] | None = None  # a job ended
+        # Where a job's replies go: the reply pipe (``out``), or a Ray actor's stream.
+        self.emit: Callable[[int, StepReply | CallReply], None] | None = None
+        self.timed = False  # SIGALRM runs `on_alarm` (a worker process's main thread)
         self._burst: _Job | None = None  # the streamed job whose sync envs run now
         self._armed = False  # the flush timer is set
         self._writing = False  # a reply is being written (the timer must not cut in)
@@ -280,7 +284,6 @@ class Group:
         A request of sync envs only, not streamed, is stepped at once and
         answered once (the lean reply when every result went to the rows).
         """
-        is_async = self.is_async
         if not stream and not self._any_async(locals_):
             reply = self.step(locals_, mode, reset_first, actions)
             if lean and not any(reply):  # nothing to tell beyond the rows
@@ -288,6 +291,27 @@ class Group:
             else:
                 _send(self.out, Reply(seq, reply))
             return
+        for _ in self.step_parts(seq, locals_, mode, reset_first, actions, stream, lean=lean):
+            pass
+
+    def step_parts(  # noqa: PLR0917  (a StepRequest's fields, in order)
+        self,
+        seq: int,
+        locals_: Sequence[int],
+        mode: str,
+        reset_first: Sequence[bool] | None,
+        actions: Sequence[Any] | None,
+        stream: bool,
+        *,
+        lean: bool = False,
+    ) -> Iterator[None]:
+        """Run a step as a job: async envs as tasks, then sync envs, one per iteration.
+
+        Where no timer can cut a run of sync envs (a Ray actor, whose calls do
+        not run on the main thread), a streamed step publishes each sync env's
+        result as it ends, and pauses there (it yields) so that the caller can
+        send that part on before the next sync env starts.
+        """
         if actions is None:
             actions = self._shared_actions(locals_)
         if reset_first is None:
@@ -296,7 +320,7 @@ class Group:
         # same loop iteration share a message): a slow env must not make another
         # env of its worker miss its deadline.
         job = _Job(seq, len(locals_), True, lean, step=True)
-        envs, flows, tasks = self.envs, self.flows, self.tasks
+        envs, flows, tasks, is_async = self.envs, self.flows, self.tasks, self.is_async
         later = []
         for k, j in enumerate(locals_):
             if not is_async[j]:
@@ -310,7 +334,8 @@ class Group:
                 coro = self._async_step(j, mode, reset_first[k], actions[k])
                 self._start(job, k, j, _after(before, coro))
         if later:
-            self._burst = job if stream and len(later) > 1 else None
+            self._burst = job if stream and len(later) > 1 and self.timed else None
+            each = stream and not self.timed  # no timer (a Ray actor): publish env by env
             try:
                 for k in later:
                     j = locals_[k]
@@ -320,7 +345,10 @@ class Group:
                     except BaseException as exc:
                         job.errors[j] = self._failed(j, exc)
                     job.left -= 1
-                    if self._burst is not None and job.left and not self._armed:
+                    if each and job.left:
+                        self._publish(job, last=False)
+                        yield
+                    elif self._burst is not None and job.left and not self._armed:
                         self._armed = True
                         signal.setitimer(signal.ITIMER_REAL, FLUSH_AFTER)
             finally:
@@ -404,7 +432,7 @@ class Group:
             if job.step:
                 self._publish(job, last=True)
             else:
-                _send(self.out, Reply(job.seq, CallReply(job.outcomes)))
+                self._reply(job.seq, CallReply(job.outcomes))
             changed = self._changed
             if changed is not None and not changed.done():
                 changed.set_result(None)
@@ -447,9 +475,15 @@ class Group:
             else:
                 job.published = True
                 reply = StepReply(errors, infos, finals, odd, envs=[*stepped, *errors])
-            _send(self.out, Reply(job.seq, reply))
+            self._reply(job.seq, reply)
         finally:
             self._writing = False
+
+    def _reply(self, seq: int, body: StepReply | CallReply) -> None:
+        if self.emit is not None:
+            self.emit(seq, body)
+        else:
+            _send(self.out, Reply(seq, body))
 
     def _cancel(self, locals_: Sequence[int]) -> None:
         """Cancel the async envs' calls in flight (each fails with CancelledError)."""

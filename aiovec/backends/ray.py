@@ -44,9 +44,9 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import cloudpickle
 import numpy as np
@@ -163,6 +163,34 @@ class _GroupActor:
         assert self.group is not None
         reply = await _drive(self.group.step_flow(locals_, mode, reset_first, actions))
         return reply._replace(rows=self.raw)
+
+    async def step_stream(
+        self, locals_: Sequence[int], mode: str, reset_first: Sequence[bool], actions: list[Any]
+    ) -> AsyncIterator[StepReply]:
+        """A streamed step (``send()``): a part as envs finish, the last covering the rest.
+
+        The group publishes each sync env's result as it ends and its async envs'
+        as they end (tasks on this loop); each part carries the step rows.
+        """
+        group = self.group
+        assert group is not None
+        parts: asyncio.Queue[StepReply] = asyncio.Queue()
+        group.loop = asyncio.get_running_loop()
+        group.emit = lambda seq, body: parts.put_nowait(cast(StepReply, body))
+        try:
+            for _ in group.step_parts(0, locals_, mode, reset_first, actions, True):
+                while not parts.empty():  # a sync env's part: sent before the next one runs
+                    yield self._with_rows(parts.get_nowait())
+            while True:
+                part = await parts.get()
+                yield self._with_rows(part)
+                if part.envs is None:
+                    return
+        finally:
+            group.emit = None
+
+    def _with_rows(self, part: StepReply) -> StepReply:
+        return part._replace(rows=None if self.raw is None else self.raw.copy())
 
     async def call(self, locals_: Sequence[int], op: CallOp) -> CallReply:
         assert self.group is not None
@@ -319,6 +347,7 @@ class RayBackend(GroupedBackend):
         self._options = {**_DEFAULT_OPTIONS, **options}
         self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
         self._receive: StepArrays | None = None  # step rows, copied out of the replies
+        self._streams: set[asyncio.Task[None]] = set()  # streamed steps being received
         self._finalizer = weakref.finalize(self, _kill_all, self.workers)
         return num_workers or _cluster_cpus()
 
@@ -423,6 +452,16 @@ class RayBackend(GroupedBackend):
         first = worker.group.start
         locals_ = [i - first for i in envs]
         try:
+            if isinstance(op, StepOp) and op.stream:  # send(): its parts as envs finish
+                parts = worker.handle.step_stream.options(num_returns="streaming").remote(
+                    locals_, op.mode.value, list(op.reset_first), list(op.actions)
+                )
+                request = Request(worker, envs, since, name=op.name)
+                self.wait_on(request, envs)
+                task = asyncio.get_running_loop().create_task(self._stream(request, parts))
+                self._streams.add(task)
+                task.add_done_callback(self._streams.discard)
+                return
             if isinstance(op, StepOp):
                 ref = worker.handle.step.remote(
                     locals_, op.mode.value, list(op.reset_first), list(op.actions)
@@ -436,6 +475,17 @@ class RayBackend(GroupedBackend):
         self.wait_on(request, envs)
         future = _future(ref)
         future.add_done_callback(functools.partial(self._deliver, request))
+
+    async def _stream(self, request: Request, parts: Any) -> None:
+        """Deliver a streamed step's parts as the actor yields them."""
+        try:
+            async for ref in parts:
+                self.deliver_step(request, await ref)
+        except _RAISED as exc:  # the call itself failed
+            for i in self.waiting(request):
+                self._finish(i, None, exc)
+        except _DEATHS as exc:
+            self._on_death(request.worker, exc)
 
     def _deliver(self, request: Request, future: asyncio.Future[Any]) -> None:
         """On the loop: a remote call ended; hand its envs' outcomes over."""
@@ -528,6 +578,8 @@ class RayBackend(GroupedBackend):
             errors = await self.close_live_envs()
             return errors
         finally:
+            for task in self._streams:  # nothing waits on their parts any more
+                task.cancel()
             if errors is not None and self._pool is not None:
                 self._give_back(self._pool, errors)
             self._finalizer()
