@@ -268,30 +268,9 @@ class Group:
 
     # -- requests on the loop: async envs as tasks, results streamed ------------------
 
-    def _step(  # noqa: PLR0917  (a StepRequest's fields, in order)
-        self,
-        seq: int,
-        locals_: Sequence[int],
-        mode: str,
-        reset_first: Sequence[bool] | None,
-        actions: Sequence[Any] | None,
-        stream: bool,
-        *,
-        lean: bool,
-    ) -> None:
-        """Step envs ``locals_``: async envs as tasks on the loop, then sync envs in turn.
-
-        A request of sync envs only, not streamed, is stepped at once and
-        answered once (the lean reply when every result went to the rows).
-        """
-        if not stream and not self._any_async(locals_):
-            reply = self.step(locals_, mode, reset_first, actions)
-            if lean and not any(reply):  # nothing to tell beyond the rows
-                write_all(self.out, LeanReply.frame(seq))
-            else:
-                _send(self.out, Reply(seq, reply))
-            return
-        for _ in self.step_parts(seq, locals_, mode, reset_first, actions, stream, lean=lean):
+    def _step(self, *request: Any, lean: bool) -> None:
+        """Run a step request (`StepRequest`'s fields, in order) to its end."""
+        for _ in self.step_parts(*request, lean=lean):
             pass
 
     def step_parts(  # noqa: PLR0917  (a StepRequest's fields, in order)
@@ -310,8 +289,17 @@ class Group:
         Where no timer can cut a run of sync envs (a Ray actor, whose calls do
         not run on the main thread), a streamed step publishes each sync env's
         result as it ends, and pauses there (it yields) so that the caller can
-        send that part on before the next sync env starts.
+        send that part on before the next sync env starts.  A request of sync
+        envs only, not streamed, is stepped at once and answered once (the lean
+        reply when every result went to the rows).
         """
+        if not stream and not self._any_async(locals_):
+            reply = self.step(locals_, mode, reset_first, actions)
+            if lean and not any(reply):  # nothing to tell beyond the rows
+                write_all(self.out, LeanReply.frame(seq))
+            else:
+                _send(self.out, Reply(seq, reply))
+            return
         if actions is None:
             actions = self._shared_actions(locals_)
         if reset_first is None:
