@@ -508,9 +508,12 @@ class ProcessBackend(GroupedBackend):
         return True
 
     def _actions_in_buffer(self, op: Op) -> bool:
-        """Copy a whole step's batch of actions into the shared buffer, if it fits exactly."""
+        """Copy a whole step's batch of actions into the shared buffer, if it fits exactly.
+
+        Not a streamed step's: the lean step answers once, when every env is done.
+        """
         fill = self._fill_actions
-        if fill is None or not isinstance(op, StepOp) or op.batch is None:
+        if fill is None or not isinstance(op, StepOp) or op.batch is None or op.stream:
             return False
         return fill(op.batch)
 
