@@ -570,9 +570,7 @@ class ProcessBackend(GroupedBackend):
         assert self._fill_actions is not None
         assert self._shared is not None
         assert self._shared.arrays is not None
-        rows: slice | list[int] = (
-            slice(None) if len(indices) == self.num_envs and indices == self.all else list(indices)
-        )
+        rows = list(indices)
         if not self._fill_actions(op.batch, rows):
             return False
         self._shared.arrays.resets[rows] = op.reset_first
@@ -597,9 +595,7 @@ class ProcessBackend(GroupedBackend):
             if self._in_buffer:  # a streamed step: its actions are in the rows already
                 request = self._requests[seq] = Request(worker, envs, since, name=op.name)
                 self.wait_on(request, envs)
-                if len(locals_) == len(worker.group) and list(locals_) == list(
-                    range(len(worker.group))
-                ):
+                if len(locals_) == len(worker.group):  # distinct envs: its whole group
                     data = LeanStep.frame(seq, op.mode.value, stream=True)
                 else:
                     message = StepRequest(seq, locals_, op.mode.value, None, None, True)
