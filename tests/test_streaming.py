@@ -233,7 +233,7 @@ async def test_a_call_on_a_worker_blocked_in_a_sync_env_fails_at_once(tmp_path):
         _, errors = backend.take()  # no wait: env 0 failed at once
         assert list(errors) == [0]
         assert isinstance(errors[0], TimeoutError)
-        assert "still runs env 1's step() call, abandoned" in str(errors[0])
+        assert "still runs the step() call of env(s) [1], abandoned" in str(errors[0])
         await backend.collect(1)  # env 2's render, on the other worker
         assert backend.lost == frozenset({0, 1})
         await venv.reset(seed=1)  # replaces the blocked worker, as a dead one

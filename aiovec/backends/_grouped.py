@@ -332,6 +332,7 @@ class GroupedBackend(Backend):
         a sync env's runs to its end and blocks its worker until then.
         """
         interrupt: dict[int, list[int]] = {}
+        blocking: dict[int, tuple[str, list[int]]] = {}  # worker -> its abandoned sync call
         for i in sorted(self.pending if indices is None else self.pending.intersection(indices)):
             request, self.waiting_on[i] = self.waiting_on[i], None
             if request is not None:
@@ -341,8 +342,10 @@ class GroupedBackend(Backend):
                 if self.INTERRUPTS and self.asyncs[i]:
                     interrupt.setdefault(w, []).append(i - self.groups[w].start)
                 elif w not in self.blocked:
-                    self.blocked[w] = f"env {i}'s {request.name}() call"
+                    blocking.setdefault(w, (request.name, []))[1].append(i)
             self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
+        for w, (name, envs) in blocking.items():
+            self.blocked[w] = f"the {name}() call of env(s) {envs}"
         for w, locals_ in interrupt.items():
             self.interrupt(self.workers[w], locals_)
 
