@@ -307,7 +307,7 @@ class Group:
         # Async envs' results are always published as they come (envs done in the
         # same loop iteration share a message): a slow env must not make another
         # env of its worker miss its deadline.
-        job = _Job(seq, len(locals_), True, lean, step=True)
+        job = _Job(seq, len(locals_), lean, step=True)
         envs, flows, tasks, is_async = self.envs, self.flows, self.tasks, self.is_async
         later = []
         for k, j in enumerate(locals_):
@@ -367,7 +367,7 @@ class Group:
         if not self._any_async(locals_):
             _send(self.out, Reply(seq, CallReply(self.call(locals_, op))))
             return
-        job = _Job(seq, len(locals_), False, False, step=False)
+        job = _Job(seq, len(locals_), False, step=False)
         job.outcomes = [(None, None)] * len(locals_)
         for k, j in enumerate(locals_):
             env, call = self.envs[j], op.calls[k]
@@ -425,7 +425,7 @@ class Group:
             if changed is not None and not changed.done():
                 changed.set_result(None)
             return
-        if job.stream and not job.flushing and (job.stepped or job.errors):
+        if job.step and not job.flushing and (job.stepped or job.errors):
             job.flushing = True  # envs done within FLUSH_AFTER share a reply
             self._loop().call_later(FLUSH_AFTER, self._flush, job)
 
@@ -447,8 +447,11 @@ class Group:
         """Write the results of ``job`` not yet published to the rows; reply with the rest."""
         self._writing = True
         try:
-            stepped, errors = job.stepped, job.errors
-            job.stepped, job.errors = {}, {}
+            # Copied and emptied, never replaced: a timer that cuts in between the
+            # main thread's reading ``job.stepped`` and storing into it loses nothing.
+            stepped, errors = job.stepped.copy(), job.errors.copy()
+            job.stepped.clear()
+            job.errors.clear()
             infos: dict[int, dict[str, Any]] = {}
             finals: dict[int, dict[str, Any]] = {}
             odd: dict[int, Transition] = {}
@@ -751,8 +754,8 @@ class _Job:
     """A request of a worker process whose envs' calls run on its loop.
 
     ``left`` counts the envs not done; a step's results wait in ``stepped`` and
-    ``errors`` until they are published (all at the end, or, for a streamed
-    request, as they come); a call's in ``outcomes``, for one reply.
+    ``errors`` until they are published (as they come: see `FLUSH_AFTER`); a
+    call's in ``outcomes``, for one reply.
     """
 
     __slots__ = (
@@ -766,11 +769,10 @@ class _Job:
         "seq",
         "step",
         "stepped",
-        "stream",
     )
 
-    def __init__(self, seq: int, count: int, stream: bool, lean: bool, *, step: bool) -> None:
-        self.seq, self.left, self.stream, self.lean, self.step = seq, count, stream, lean, step
+    def __init__(self, seq: int, count: int, lean: bool, *, step: bool) -> None:
+        self.seq, self.left, self.lean, self.step = seq, count, lean, step
         self.stepped: dict[int, Transition] = {}
         self.errors: dict[int, BaseException] = {}
         self.outcomes: list[Outcome] = []
