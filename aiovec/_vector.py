@@ -784,6 +784,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
         backend = self._backend
         assert backend is not None
+        # An abandoned call may have left outcomes (send() interrupted as it
+        # launched cannot wait for them): they are not this reset's.
+        await backend.drain()
         await backend.settle(indices)
         if backend.lost.isdisjoint(indices):
             return {}

@@ -236,19 +236,36 @@ def test_ctrl_c_during_a_blocking_step_cancels_everything(monkeypatch):
         envs.close()
 
 
-class RaisingInterruptEnv(SpaceEnv):
+class InterruptsOnce(SpaceEnv):
+    """Its first step raises KeyboardInterrupt (as a Ctrl-C in a sync env does)."""
+
+    pressed = False
+
     def step(self, action):
-        raise KeyboardInterrupt
+        if not InterruptsOnce.pressed:
+            InterruptsOnce.pressed = True
+            raise KeyboardInterrupt
+        return super().step(action)
 
 
-def test_keyboard_interrupt_raised_by_a_sync_env_propagates_as_is():
-    envs = aiovec.BlockingVectorEnv([SpaceEnv, RaisingInterruptEnv, SpaceEnv])
+@pytest.mark.parametrize("call", ["step", "send"])
+def test_keyboard_interrupt_raised_by_a_sync_env_propagates_as_is(call, monkeypatch):
+    monkeypatch.setattr(InterruptsOnce, "pressed", False)
+    envs = aiovec.BlockingVectorEnv([SpaceEnv, InterruptsOnce, SpaceEnv])
     try:
         envs.reset(seed=0)
         with pytest.raises(KeyboardInterrupt):
-            envs.step(np.zeros(3, np.int64))
+            getattr(envs, call)(np.zeros(3, np.int64))
         assert envs.state is aiovec._core.lifecycle.State.BROKEN
         assert envs.envs[2].episode_steps == 0  # nothing started after Ctrl-C
+        # send() cannot wait for the envs it abandons: the reset after it must not
+        # take their outcomes (the KeyboardInterrupt among them) for its own.
+        try:
+            obs, _ = envs.reset(seed=1)
+        except KeyboardInterrupt:  # not pytest.raises: this one must not be raised
+            pytest.fail(f"reset() raised the KeyboardInterrupt of the {call}() before it")
+        assert len(obs) == 3
+        envs.step(np.zeros(3, np.int64))
     finally:
         envs.close()
 

@@ -843,3 +843,52 @@ def test_bad_cpus_are_refused_before_any_worker_starts(
     with pytest.raises(error, match=match):
         aiovec.BlockingVectorEnv(_hang_fns(2), backend="process", backend_options={"cpus": cpus})
     assert started == []
+
+
+def _interrupt_the_write_to(worker: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Raise KeyboardInterrupt once, instead of writing a request to worker ``worker``.
+
+    A Ctrl-C that lands after one worker's request is written and before the
+    next one's: the parent's state must say that only the first is in flight.
+    """
+    interrupted: list[int] = []
+    write = process_backend.ProcessBackend._post_framed
+
+    def post(self: process_backend.ProcessBackend, target: Any, data: bytes) -> None:
+        if not interrupted and target is self.workers[worker]:
+            interrupted.append(worker)
+            raise KeyboardInterrupt
+        write(self, target, data)
+
+    monkeypatch.setattr(process_backend.ProcessBackend, "_post_framed", post)
+    return interrupted
+
+
+@pytest.mark.parametrize("call", ["step", "send", "reset"])
+def test_ctrl_c_between_two_workers_requests_leaves_the_unwritten_one_out(
+    call: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Worker 1 never got its request: it is not blocked in it, so reset() and
+    # close() neither wait for it nor replace or kill it.
+    actions = np.zeros(4, np.int64)
+    with aiovec.BlockingVectorEnv([_cartpole] * 4, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        backend = _backend_of(venv)
+        pids = backend.pids
+        interrupted = _interrupt_the_write_to(1, monkeypatch)
+        run = {
+            "step": lambda: venv.step(actions),  # the lean whole step
+            "send": lambda: venv.send(actions),  # streamed, its actions in the shared rows
+            "reset": lambda: venv.reset(seed=1),  # a call that is pickled
+        }[call]
+        with pytest.raises(KeyboardInterrupt):
+            run()
+        assert interrupted == [1]
+        assert backend.blocked.keys() <= {0}  # worker 0 got its request; worker 1 did not
+        obs, _ = venv.reset(seed=2)
+        assert obs.shape == (4, 4)
+        assert backend.pids == pids  # neither worker replaced
+        venv.step(actions)
+    assert "replacing" not in caplog.text
+    assert "killing" not in caplog.text
+    assert not _children()

@@ -522,6 +522,7 @@ class ProcessBackend(GroupedBackend):
 
         Every request is made before any is written, so that the workers start
         together: a worker woken while the parent still works shares its core.
+        Each is in flight once written, as any request (`_written`).
         A blocking caller's `_collect_lean` usually delivers the whole step at
         once, so each env's state (its request, when it started) is written only
         if that wait hands over to the general one (`_settle_lean`).
@@ -531,21 +532,19 @@ class ProcessBackend(GroupedBackend):
         assert self._shared.arrays is not None
         self._shared.arrays.resets[:] = op.reset_first
         mode = op.mode.value
-        out, lean = [], []
+        out = []
         for worker in self.workers:
             self._seq += 1
             seq = self._seq
+            out.append((worker, seq, LeanStep.frame(seq, mode), LeanReply.frame(seq)))
+        for worker, seq, data, clean in out:  # each in flight once written (see `_written`)
+            died = not self._try_post(worker, data)
             self._requests[seq] = Request(worker, worker.group, since)
-            out.append((worker, LeanStep.frame(seq, mode)))
-            lean.append((worker, seq, LeanReply.frame(seq)))
-        self._lean = lean
+            self._lean.append((worker, seq, clean))
+            if died:  # its sentinel may not have woken the loop yet
+                self._on_exit(worker)
         if not _loop_parked():  # the loop delivers each reply: no lean wait
             self._settle_lean()
-        for worker, data in out:
-            try:
-                self._post_framed(worker, data)
-            except OSError:  # it died; its sentinel may not have woken the loop yet
-                self._on_exit(worker)
 
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Write one request per worker hosting some of ``indices``; returns at once.
@@ -593,17 +592,12 @@ class ProcessBackend(GroupedBackend):
         message: StepRequest | Call
         if isinstance(op, StepOp):
             if self._in_buffer:  # a streamed step: its actions are in the rows already
-                request = self._requests[seq] = Request(worker, envs, since, name=op.name)
-                self.wait_on(request, envs)
                 if len(locals_) == len(worker.group):  # distinct envs: its whole group
                     data = LeanStep.frame(seq, op.mode.value, stream=True)
                 else:
                     message = StepRequest(seq, locals_, op.mode.value, None, None, True)
                     data = frame(pickle.dumps(message, _PROTOCOL))
-                try:
-                    self._post_framed(worker, data)
-                except OSError:  # it died; its sentinel may not have woken the loop yet
-                    self._on_exit(worker)
+                self._written(Request(worker, envs, since, name=op.name), seq, data)
                 return
             message = StepRequest(
                 seq, locals_, op.mode.value, op.reset_first, op.actions, op.stream
@@ -619,12 +613,30 @@ class ProcessBackend(GroupedBackend):
         except Exception as exc:
             self.unsendable(envs, op, exc)
             return
-        request = self._requests[seq] = Request(worker, envs, since, name=op.name)
-        self.wait_on(request, envs)
+        self._written(Request(worker, envs, since, name=op.name), seq, frame(data))
+
+    def _written(self, request: Request, seq: int, data: bytes) -> None:
+        """Write a framed request; only then is it in flight, its envs waiting on it.
+
+        In that order, a Ctrl-C between two workers' requests (or between a
+        write and its bookkeeping) can leave a request written and forgotten,
+        whose reply is then dropped, but never one awaited that was never
+        written: its worker would count as blocked in a call it never got, and
+        ``reset()`` would replace it.
+        """
+        died = not self._try_post(request.worker, data)
+        self._requests[seq] = request
+        self.wait_on(request, request.envs)
+        if died:  # its sentinel may not have woken the loop yet
+            self._on_exit(request.worker)
+
+    def _try_post(self, worker: _Worker, data: bytes) -> bool:
+        """`_post_framed`; ``False`` if the worker is gone (the pipe is broken)."""
         try:
-            self._post(worker, None, data)
-        except OSError:  # it died; its sentinel may not have woken the loop yet
-            self._on_exit(worker)
+            self._post_framed(worker, data)
+        except OSError:
+            return False
+        return True
 
     def _control(
         self, worker: _Worker, kind: type[Rebuild | Attach], arg: Any
@@ -633,11 +645,8 @@ class ProcessBackend(GroupedBackend):
         assert self._loop is not None
         self._seq += 1
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._requests[self._seq] = Request(worker, (), 0.0, future)
-        try:
-            self._post(worker, kind(self._seq, arg))
-        except OSError:
-            self._on_exit(worker)
+        data = frame(pickle.dumps(kind(self._seq, arg), _PROTOCOL))
+        self._written(Request(worker, (), 0.0, future), self._seq, data)
         return future
 
     async def collect(
