@@ -97,13 +97,23 @@ def apply_setting(setting: str) -> None:
         gc.freeze()
 
 
+_APPLIED: list[tuple[int, int]] = []  # in a worker process: what its first env applied
+
+
 class KnobEnv(io.SleepEnv):
     """io.py's ``SleepEnv`` (every step awaits 5 ms) that can set its process's collector."""
 
     def apply_gc_setting(self, setting: str) -> tuple[int, int]:
-        """`apply_setting` in this env's process; the gen-0 threshold and the frozen count."""
-        apply_setting(setting)
-        return gc.get_threshold()[0], gc.get_freeze_count()
+        """`apply_setting` in this env's process; the gen-0 threshold and the frozen count.
+
+        Every env of a worker asks; the first applies and counts, the others get
+        its answer: ``gc.get_freeze_count()`` walks every frozen object, and
+        50,000 envs asking in turn would take minutes.
+        """
+        if not _APPLIED:
+            apply_setting(setting)
+            _APPLIED.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        return _APPLIED[0]
 
 
 # --------------------------------------------------------------------- child
