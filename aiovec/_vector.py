@@ -326,8 +326,21 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             Batched observations and infos.
         """
         indices, op, mask = self._reset_call(VectorCall.RESET, seed, options)
+        await self._clear_break()
         results = await self._run(indices, op, breaks=True)
         return self._reset_done(indices, results, mask)
+
+    async def _clear_break(self) -> None:
+        """Before a reset of a broken vector env: drop what the call that broke it left.
+
+        A call abandoned where it could not wait (``send()`` interrupted as it
+        started its envs, ``recv()`` closed unfinished) leaves its envs' outcomes
+        behind; they are not the reset's.
+        """
+        if self._life.state is State.BROKEN:
+            backend = self._backend
+            assert backend is not None
+            await backend.drain()
 
     def _reset_call(
         self, call: VectorCall, seed: object, options: object
@@ -613,6 +626,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     async def _reset_async(self, seed: object, options: object) -> None:
         """``reset_async``: start a reset (see `reset`) and return; `_reset_wait` collects it."""
         indices, op, mask = self._reset_call(VectorCall.RESET_ASYNC, seed, options)
+        await self._clear_break()
         unbuilt = await self._rebuild_lost(indices)
         self._sent_reset = mask, unbuilt
         self._launch_sent(indices, op, "reset_async()")
@@ -784,9 +798,6 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
         backend = self._backend
         assert backend is not None
-        # An abandoned call may have left outcomes (send() interrupted as it
-        # launched cannot wait for them): they are not this reset's.
-        await backend.drain()
         await backend.settle(indices)
         if backend.lost.isdisjoint(indices):
             return {}

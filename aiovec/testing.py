@@ -501,6 +501,12 @@ class AsyncHangingEnv(AsyncEnv[Any, Any]):
             raise AttributeError(name)
         return getattr(self.__dict__["env"], name)
 
+    def get_wrapper_attr(self, name: str) -> Any:
+        """Its own attribute (``cancelled``, ``counts``), else the wrapped env's, as a Wrapper's."""
+        if name in self.__dict__:
+            return self.__dict__[name]
+        return self.env.get_wrapper_attr(name)
+
 
 MALFORMED = ("obs-shape", "obs-dtype", "reward", "flag", "info", "arity")
 """The kinds of broken step result `MalformedEnv` returns."""

@@ -23,12 +23,13 @@ import gymnasium
 import numpy as np
 import pytest
 from conftest import HAVE_RAY, RAY_ACTORS
+from faults.scenarios import Once
 
 import aiovec
 from aiovec._core.calls import RENDER
 from aiovec._core.ops import CallOp
 from aiovec.backends import _worker
-from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
+from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
 
 N = 4  # on 2 workers: envs 0-1 and 2-3
 ACTIONS = np.zeros(N, np.int64)
@@ -177,22 +178,59 @@ class _Echo(gymnasium.Env[np.ndarray, int]):
         return np.array([self.index, int(action)]), float(action), False, False, info
 
 
+def _workers(venv: Any) -> list[Any]:
+    """The worker processes or Ray actors of ``venv`` (a replaced one is a new object)."""
+    return list(venv._backend.workers)
+
+
 @pytest.mark.asyncio
 async def test_an_async_env_past_its_timeout_is_cancelled_in_its_worker(tmp_path):
-    gate = Gate(tmp_path)
+    # Not on Ray yet: an actor runs one call at a time (docs/ray.md).
+    gate = Gate(tmp_path)  # never released before the end: only a cancel ends env 1's step
     venv = aiovec.AsyncioVectorEnv(
-        _fns({1: gate}, "async"), backend="process", num_workers=2, step_timeout=0.5
+        _fns({1: gate}, "async"), step_timeout=0.5, reset_timeout=10.0, **_grouped("process")
     )
     try:
         await venv.reset(seed=0)
-        pids = venv._backend.pids  # type: ignore[union-attr]
+        workers = _workers(venv)
         with pytest.raises(aiovec.EnvTimeoutError) as info:
             await venv.step(ACTIONS)
         assert set(info.value.errors) == {1}  # env 0, on the same worker, answered in time
         # the worker cancelled env 1's step and is healthy: reset goes to it
         await venv.reset(seed=1)
-        assert venv._backend.pids == pids  # type: ignore[union-attr]
+        assert _workers(venv) == workers
+        assert await venv.get_attr("cancelled") == (0, 1, 0, 0)
         await venv.step(ACTIONS)
+    finally:
+        gate.release()
+        await venv.close()
+
+
+def _sync_then_async(first: Once, gate: Gate) -> Any:
+    """A sync env whose first step raises; rebuilt, an async env whose first step waits."""
+    env = SpaceEnv(min_len=1000, max_len=1000)
+    if first.take():
+        return FaultyEnv(env, method="step", at=1)
+    return AsyncHangingEnv(env, gate, at=1)
+
+
+@pytest.mark.asyncio
+async def test_an_env_rebuilt_async_is_cancelled_in_its_worker(tmp_path, caplog):
+    # The worker says which envs it rebuilt are async: a timeout of the async env
+    # then cancels it in its worker, instead of blocking (and replacing) the worker.
+    gate = Gate(tmp_path)
+    fns = _fns({}, "sync")
+    fns[1] = functools.partial(_sync_then_async, Once(tmp_path), gate)
+    venv = aiovec.AsyncioVectorEnv(fns, step_timeout=0.5, on_error="restart", **_grouped("process"))
+    try:
+        await venv.reset(seed=0)
+        workers = _workers(venv)
+        await venv.step(ACTIONS)  # env 1 raises: rebuilt in its worker, now async
+        await venv.step(ACTIONS)  # env 1's restarted row ended its episode: it resets
+        await venv.step(ACTIONS)  # env 1 waits past its timeout: cancelled, rebuilt again
+        assert "did not answer step() within 0.5 s" in caplog.text
+        assert _workers(venv) == workers
+        assert "replacing" not in caplog.text
     finally:
         gate.release()
         await venv.close()

@@ -59,7 +59,7 @@ from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
 from aiovec._log import logger
 from aiovec.backends._base import Backend, EnvTraits, check_rebuilt_spaces
-from aiovec.backends._messages import Failed, Outcome, Ready, StepReply
+from aiovec.backends._messages import Failed, Outcome, Ready, RebuildReply, StepReply
 
 __all__ = (
     "STUCK_GRACE",
@@ -111,7 +111,7 @@ def close_op(count: int) -> CallOp:
 class Request:
     """A request in flight: its worker, its envs, its call, when it started; or a control future."""
 
-    __slots__ = ("envs", "future", "name", "partial", "since", "worker")
+    __slots__ = ("envs", "future", "name", "partial", "seq", "since", "worker")
 
     def __init__(
         self,
@@ -119,10 +119,12 @@ class Request:
         envs: Sequence[int],
         since: float,
         future: asyncio.Future[Any] | None = None,
+        *,
         name: str = "step",
+        seq: int = 0,
     ) -> None:
         self.worker, self.envs, self.since, self.future = worker, envs, since, future
-        self.name = name
+        self.name, self.seq = name, seq  # ``seq``: the transport's number for it, if any
         self.partial = False  # some of its envs were cancelled, or delivered apart
 
 
@@ -185,6 +187,16 @@ class GroupedBackend(Backend):
         self.asyncs = [False] * self.num_envs  # which envs are async (`note_ready`)
         self.blocked: dict[int, str] = {}  # worker -> the abandoned sync call it runs
         self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
+
+    def note_rebuilt(self, w: int, reply: RebuildReply) -> dict[int, BaseException]:
+        """Worker ``w`` rebuilt envs in place: which are async now; the errors, by local index.
+
+        A factory may make a sync env one time and an async one the next.
+        """
+        first = self.groups[w].start
+        for j, is_async in (reply.asyncs or {}).items():
+            self.asyncs[first + j] = is_async
+        return reply.errors
 
     def note_ready(self, w: int, body: Any) -> None:
         """Worker ``w`` reported its envs (`Ready`): which of them are async."""

@@ -539,7 +539,7 @@ class ProcessBackend(GroupedBackend):
             out.append((worker, seq, LeanStep.frame(seq, mode), LeanReply.frame(seq)))
         for worker, seq, data, clean in out:  # each in flight once written (see `_written`)
             died = not self._try_post(worker, data)
-            self._requests[seq] = Request(worker, worker.group, since)
+            self._requests[seq] = Request(worker, worker.group, since, seq=seq)
             self._lean.append((worker, seq, clean))
             if died:  # its sentinel may not have woken the loop yet
                 self._on_exit(worker)
@@ -597,7 +597,7 @@ class ProcessBackend(GroupedBackend):
                 else:
                     message = StepRequest(seq, locals_, op.mode.value, None, None, True)
                     data = frame(pickle.dumps(message, _PROTOCOL))
-                self._written(Request(worker, envs, since, name=op.name), seq, data)
+                self._written(Request(worker, envs, since, name=op.name, seq=seq), data)
                 return
             message = StepRequest(
                 seq, locals_, op.mode.value, op.reset_first, op.actions, op.stream
@@ -613,9 +613,9 @@ class ProcessBackend(GroupedBackend):
         except Exception as exc:
             self.unsendable(envs, op, exc)
             return
-        self._written(Request(worker, envs, since, name=op.name), seq, frame(data))
+        self._written(Request(worker, envs, since, name=op.name, seq=seq), frame(data))
 
-    def _written(self, request: Request, seq: int, data: bytes) -> None:
+    def _written(self, request: Request, data: bytes) -> None:
         """Write a framed request; only then is it in flight, its envs waiting on it.
 
         In that order, a Ctrl-C between two workers' requests (or between a
@@ -625,7 +625,7 @@ class ProcessBackend(GroupedBackend):
         ``reset()`` would replace it.
         """
         died = not self._try_post(request.worker, data)
-        self._requests[seq] = request
+        self._requests[request.seq] = request
         self.wait_on(request, request.envs)
         if died:  # its sentinel may not have woken the loop yet
             self._on_exit(request.worker)
@@ -646,7 +646,7 @@ class ProcessBackend(GroupedBackend):
         self._seq += 1
         future: asyncio.Future[Any] = self._loop.create_future()
         data = frame(pickle.dumps(kind(self._seq, arg), _PROTOCOL))
-        self._written(Request(worker, (), 0.0, future), self._seq, data)
+        self._written(Request(worker, (), 0.0, future, seq=self._seq), data)
         return future
 
     async def collect(
@@ -826,7 +826,7 @@ class ProcessBackend(GroupedBackend):
         """Rebuild envs ``locals_`` in worker ``w`` (if it dies meanwhile: raises)."""
         self._attach()
         reply: RebuildReply = await self._control(self.workers[w], Rebuild, locals_)
-        return reply.errors
+        return self.note_rebuilt(w, reply)
 
     async def replace(self, w: int) -> EnvTraits:
         """Kill worker ``w`` (if it still runs) and start a new one for its group."""
