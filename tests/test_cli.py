@@ -617,6 +617,7 @@ def test_the_gc_advice_is_one_line_from_large_n_on():
         advice = large_n_advice(n)
         assert "\n" not in advice
         assert "'Running 1,000-100,000 envs'" in advice
+        assert "gc.set_threshold(100_000)" in advice  # the knob that paid most
         assert "gc.freeze() after construction" in advice
 
 
