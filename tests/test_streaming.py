@@ -179,7 +179,7 @@ class _Echo(gymnasium.Env[np.ndarray, int]):
 
 
 def _workers(venv: Any) -> list[Any]:
-    """The worker processes or Ray actors of ``venv`` (a replaced one is a new object)."""
+    """The worker processes of ``venv`` (a replaced one is a new object)."""
     return list(venv._backend.workers)
 
 

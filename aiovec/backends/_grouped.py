@@ -111,7 +111,7 @@ def close_op(count: int) -> CallOp:
 class Request:
     """A request in flight: its worker, its envs, its call, when it started; or a control future."""
 
-    __slots__ = ("envs", "future", "name", "partial", "seq", "since", "worker")
+    __slots__ = ("envs", "future", "name", "partial", "since", "worker")
 
     def __init__(
         self,
@@ -119,12 +119,10 @@ class Request:
         envs: Sequence[int],
         since: float,
         future: asyncio.Future[Any] | None = None,
-        *,
         name: str = "step",
-        seq: int = 0,
     ) -> None:
         self.worker, self.envs, self.since, self.future = worker, envs, since, future
-        self.name, self.seq = name, seq  # ``seq``: the transport's number for it, if any
+        self.name = name
         self.partial = False  # some of its envs were cancelled, or delivered apart
 
 

@@ -539,7 +539,7 @@ class ProcessBackend(GroupedBackend):
             out.append((worker, seq, LeanStep.frame(seq, mode), LeanReply.frame(seq)))
         for worker, seq, data, clean in out:  # each in flight once written (see `_written`)
             died = not self._try_post(worker, data)
-            self._requests[seq] = Request(worker, worker.group, since, seq=seq)
+            self._requests[seq] = Request(worker, worker.group, since)
             self._lean.append((worker, seq, clean))
             if died:  # its sentinel may not have woken the loop yet
                 self._on_exit(worker)
@@ -597,7 +597,7 @@ class ProcessBackend(GroupedBackend):
                 else:
                     message = StepRequest(seq, locals_, op.mode.value, None, None, True)
                     data = frame(pickle.dumps(message, _PROTOCOL))
-                self._written(Request(worker, envs, since, name=op.name, seq=seq), data)
+                self._written(seq, Request(worker, envs, since, name=op.name), data)
                 return
             message = StepRequest(
                 seq, locals_, op.mode.value, op.reset_first, op.actions, op.stream
@@ -613,10 +613,10 @@ class ProcessBackend(GroupedBackend):
         except Exception as exc:
             self.unsendable(envs, op, exc)
             return
-        self._written(Request(worker, envs, since, name=op.name, seq=seq), frame(data))
+        self._written(seq, Request(worker, envs, since, name=op.name), frame(data))
 
-    def _written(self, request: Request, data: bytes) -> None:
-        """Write a framed request; only then is it in flight, its envs waiting on it.
+    def _written(self, seq: int, request: Request, data: bytes) -> None:
+        """Write request ``seq`` (framed ``data``); only then is it in flight, its envs waiting.
 
         In that order, a Ctrl-C between two workers' requests (or between a
         write and its bookkeeping) can leave a request written and forgotten,
@@ -625,7 +625,7 @@ class ProcessBackend(GroupedBackend):
         ``reset()`` would replace it.
         """
         died = not self._try_post(request.worker, data)
-        self._requests[request.seq] = request
+        self._requests[seq] = request
         self.wait_on(request, request.envs)
         if died:  # its sentinel may not have woken the loop yet
             self._on_exit(request.worker)
@@ -646,7 +646,7 @@ class ProcessBackend(GroupedBackend):
         self._seq += 1
         future: asyncio.Future[Any] = self._loop.create_future()
         data = frame(pickle.dumps(kind(self._seq, arg), _PROTOCOL))
-        self._written(Request(worker, (), 0.0, future, seq=self._seq), data)
+        self._written(self._seq, Request(worker, (), 0.0, future), data)
         return future
 
     async def collect(
