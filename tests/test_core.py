@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import collections
 import pathlib
 import re
 
@@ -550,6 +551,41 @@ def test_latency_of_envs_that_ended_together():
     stats = book.summary()
     assert stats.count.tolist() == [1, 1, 2, 2, 1]
     assert stats.mean.tolist() == pytest.approx([2.0, 1.0, 2.0, 3.5, 2.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("one"), st.integers(0, 4)),
+            st.tuples(st.just("many"), st.sampled_from(range(4))),  # a kept set, reused
+            st.tuples(st.just("new"), st.sets(st.integers(0, 4), min_size=1)),
+        ),
+        max_size=40,
+    )
+)
+def test_latency_keeps_each_envs_last_window_samples_in_order(calls):
+    """Against a deque per env fed sample by sample: sets that alternate, overlap or repeat."""
+    kept = [range(0, 2), range(2, 5), [1, 2], [4, 0]]  # disjoint and overlapping sets
+    book, model = LatencyBook(5, window=3), [collections.deque(maxlen=3) for _ in range(5)]
+    for t, (kind, arg) in enumerate(calls):
+        seconds = float(t)
+        if kind == "one":
+            book.record(arg, seconds)
+            model[arg].append(seconds)
+            continue
+        envs = kept[arg] if kind == "many" else sorted(arg)
+        book.record_many(envs, seconds)
+        for i in envs:
+            model[i].append(seconds)
+        if t % 7 == 6:  # spread now and then, as a full list of shared samples would
+            book._spread()
+    stats = book.summary()
+    assert stats.count.tolist() == [len(samples) for samples in model]
+    for i, samples in enumerate(model):
+        if samples:
+            assert stats.mean[i] == pytest.approx(np.mean(samples))
+            assert stats.p99[i] == pytest.approx(np.percentile(list(samples), 99))
 
 
 # -- per-env deadlines: (starts, now) -> late envs and the next wait -------------------

@@ -101,16 +101,30 @@ def test_any_interleaving_gives_each_env_its_own_trajectory(
     oracles = [gymnasium.vector.SyncVectorEnv([SpaceEnv], autoreset_mode=mode) for _ in range(N)]
     front = Front(front_end, factories(flavour), backend=backend, autoreset_mode=mode)
     try:
-        front.call("reset", seed=10)
+        last = list(front.call("reset", seed=10)[0])  # each env's last observation
         for i, oracle in enumerate(oracles):
             oracle.reset(seed=10 + i)
         sent: dict[int, int] = {}
         for _ in range(data.draw(st.integers(4, 12))):
             idle = [i for i in range(N) if i not in sent]
+            if not sent and data.draw(st.integers(0, 3)) == 0:
+                # a masked reset: the other envs keep the observation recv() gave last
+                mask = np.array(data.draw(st.lists(st.booleans(), min_size=N, max_size=N)))
+                mask[data.draw(st.integers(0, N - 1))] = True
+                obs = front.call("reset", options={"reset_mask": mask})[0]
+                for i in range(N):
+                    want = oracles[i].reset()[0][0] if mask[i] else last[i]
+                    assert np.array_equal(obs[i], want)
+                    last[i] = want
+                continue
             if idle and (not sent or data.draw(st.booleans())):
-                ids = sorted(data.draw(st.sets(st.sampled_from(idle), min_size=1)))
+                # in any order: each env must get its own action
+                ids = data.draw(
+                    st.permutations(sorted(data.draw(st.sets(st.sampled_from(idle), min_size=1))))
+                )
                 actions = [data.draw(st.integers(0, 2)) for _ in ids]
-                front.call("send", np.array(actions), ids)
+                # an array goes into shared rows (process); a list is sent with the request
+                front.call("send", np.array(actions) if data.draw(st.booleans()) else actions, ids)
                 sent.update(zip(ids, actions, strict=True))
                 continue
             least = data.draw(st.integers(1, len(sent)))
@@ -120,6 +134,7 @@ def test_any_interleaving_gives_each_env_its_own_trajectory(
             for k, i in enumerate(env_ids.tolist()):
                 want = oracles[i].step(np.array([sent.pop(i)]))
                 assert np.array_equal(obs[k], want[0][0])
+                last[i] = want[0][0]
                 assert (rewards[k], terms[k], truncs[k]) == (want[1][0], want[2][0], want[3][0])
                 assert_same_value(row_info(infos, k), row_info(want[4], 0))
         if sent:

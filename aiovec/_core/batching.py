@@ -200,10 +200,7 @@ class Batcher:
         """`subset_batch` of Box observations whose rows are all in ``arrays`` (by env index)."""
         rows = list(indices)
         batch = arrays.observations[rows]  # fancy indexing: a copy
-        env_obs = self._last_observations()
-        kept = batch.copy()  # each env's last observation, apart from what the caller gets
-        for k, i in enumerate(rows):
-            env_obs[i] = kept[k]
+        self._keep_rows(rows, batch)
         extras = results.extras(rows)
         return (
             batch,
@@ -257,6 +254,22 @@ class Batcher:
             return observations, rewards, terminations, truncations, infos
         batch = observations.copy() if self._box else copy_batch(observations)
         return batch, rewards, terminations, truncations, infos
+
+    def _keep_rows(self, rows: list[int], batch: np.ndarray) -> None:
+        """Keep ``batch`` (Box observations of envs ``rows``) as those envs' last observations.
+
+        Into the private block batch, at once, not env by env: it becomes (or
+        stays) where every env's last observation is (see `_last_observations`).
+        """
+        if not self._block_obs_current:
+            if any(obs is None for obs in self._env_obs):  # some env was never reset
+                env_obs = self._env_obs
+                for k, i in enumerate(rows):
+                    env_obs[i] = batch[k].copy()
+                return
+            self._block_obs = stack_box(self._env_obs, self._buffer.shape, self._buffer.dtype)
+            self._block_obs_current = True
+        self._block_obs[rows] = batch
 
     def _last_observations(self) -> list[Any]:
         """Each env's last observation (refreshed from a block step's batch if one came last)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import warnings
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +62,7 @@ class LatencyBook:
     def __init__(self, num_envs: int, window: int = 256) -> None:
         self._window = window
         self._samples: list[collections.deque[float] | None] = [None] * num_envs
-        self._shared: list[tuple[Iterable[int], float]] = []  # not yet in the deques
+        self._shared: list[tuple[Collection[int], float]] = []  # not yet in the deques
 
     def _of(self, i: int) -> collections.deque[float]:
         """Env ``i``'s deque, made now if it has none yet."""
@@ -77,7 +77,7 @@ class LatencyBook:
             self._spread()
         (self._samples[i] or self._of(i)).append(seconds)
 
-    def record_many(self, envs: Iterable[int], seconds: float) -> None:
+    def record_many(self, envs: Collection[int], seconds: float) -> None:
         """Add the same sample for each env of ``envs`` (their calls ended together).
 
         ``envs`` is kept as it is until the samples are spread: it must not change.
@@ -88,9 +88,27 @@ class LatencyBook:
             self._spread()
 
     def _spread(self) -> None:
-        """Move the shared samples into each env's deque, in the order they came."""
+        """Move the shared samples into each env's deque, in the order they came.
+
+        Samples of the same envs are extended at once: all of each set of envs
+        (by identity) if no two sets share an env (a pipelined loop alternates
+        between its workers' groups), else each run of consecutive ones.
+        """
         shared, self._shared = self._shared, []
         samples = self._samples
+        by_envs: dict[int, tuple[Collection[int], list[float]]] = {}  # id(envs): all held here
+        for envs, seconds in shared:
+            found = by_envs.get(id(envs))
+            if found is None:
+                by_envs[id(envs)] = (envs, [seconds])
+            else:
+                found[1].append(seconds)
+        sets = [envs for envs, _ in by_envs.values()]
+        if len(sets) == 1 or len(set().union(*sets)) == sum(map(len, sets)):
+            for envs, run in by_envs.values():
+                for i in envs:
+                    (samples[i] or self._of(i)).extend(run)
+            return
         start = 0
         while start < len(shared):  # a run of samples of the same envs: extended at once
             envs = shared[start][0]

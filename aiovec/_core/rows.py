@@ -103,6 +103,8 @@ class Rows(MutableMapping[int, Transition]):
 
     def extras(self, indices: Sequence[int]) -> list[tuple[int, Any, Any]]:
         """``(k, info, final)`` for the k-th env of ``indices`` whose block holds either."""
+        if not any(block.infos or block.finals for block in self._blocks):
+            return []  # the usual step: nothing to look up env by env
         owners = self._owners()
         found = []
         for k, i in enumerate(indices):

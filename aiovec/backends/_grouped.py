@@ -47,8 +47,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import operator
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import islice
 from typing import Any, ClassVar
 
 import anyio
@@ -255,17 +258,29 @@ class GroupedBackend(Backend):
         for i in envs:
             self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {error}"))
 
-    def parts(self, indices: Sequence[int]) -> Iterable[tuple[int, list[int], list[int]]]:
+    def parts(self, indices: Sequence[int]) -> Iterable[tuple[int, Sequence[int], list[int]]]:
         """Each worker's part of a call: ``(w, envs, positions in indices)``.
 
-        Envs that are lost, or whose worker is blocked, fail at once.
+        Envs that are lost, or whose worker is blocked, fail at once.  A
+        worker's whole group is named by its ``range`` (as in a whole step).
         """
-        by_worker: dict[int, list[int]] = {}
         owner, lost = self.owner, self._lost
-        for k, i in enumerate(indices):
-            by_worker.setdefault(owner[i], []).append(k)
+        by_worker: dict[int, list[int]] = {}
+        ordered = bool(indices) and all(map(operator.lt, indices, islice(indices, 1, None)))
+        if ordered:
+            for w in range(owner[indices[0]], owner[indices[-1]] + 1):
+                group = self.groups[w]  # its envs in indices: those at lo..hi
+                lo, hi = bisect_left(indices, group.start), bisect_left(indices, group.stop)
+                if hi > lo:
+                    by_worker[w] = list(range(lo, hi))
+        else:
+            for k, i in enumerate(indices):
+                by_worker.setdefault(owner[i], []).append(k)
         for w, given in by_worker.items():
             positions = given
+            if ordered and not lost and len(given) == len(self.groups[w]) and w not in self.blocked:
+                yield w, self.groups[w], positions  # its whole group, in order
+                continue
             if w in self.blocked:
                 self.fail_blocked(w, [indices[k] for k in given])
                 continue

@@ -226,7 +226,8 @@ class ProcessBackend(GroupedBackend):
         self._seq = 0
         self._requests: dict[int, Request] = {}
         self._lean: list[tuple[_Worker, int, bytes]] = []  # (worker, seq, its clean reply)
-        self._pollers: dict[_Worker, Any] = {}  # a blocking wait's poll objects, by worker
+        # a blocking wait's poll objects, by worker (lean) or by what they listen to
+        self._pollers: dict[Any, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._buffer = _SharedBuffer()
         self._in_buffer = False  # the step being launched is in the buffer already
@@ -673,21 +674,10 @@ class ProcessBackend(GroupedBackend):
             # Out of time: one last look at every worker, so that no reply that came
             # in time is taken for late.
             awaited = self.workers if wait_s == 0.0 else self._awaited()
-            # poll, not select: a busy process's descriptors may be numbered past 1023
-            poller = select.poll()
-            handlers: dict[int, tuple[Callable[[_Worker], None], _Worker]] = {}
-            for worker in self.workers:
-                if worker.alive:
-                    poller.register(worker.sentinel, select.POLLIN)
-                    handlers[worker.sentinel] = (self._on_exit, worker)
-                    if worker in awaited:
-                        poller.register(worker.reply_fd, select.POLLIN)
-                        handlers[worker.reply_fd] = (self._on_readable, worker)
-                    if worker.outbox:
-                        poller.register(worker.request_fd, select.POLLOUT)
-                        handlers[worker.request_fd] = (self._flush, worker)
+            poller, handlers = self._general_poller(awaited)
             events = poller.poll(None if wait_s is None else math.ceil(wait_s * 1000))
-            events.sort(key=lambda event: handlers[event[0]][0] != self._on_exit)  # deaths first
+            if len(events) > 1:  # deaths first
+                events.sort(key=lambda event: handlers[event[0]][0] != self._on_exit)
             for fd, _ in events:
                 handler, worker = handlers[fd]
                 if worker.alive:  # else seen dead by its sentinel just before
@@ -736,6 +726,40 @@ class ProcessBackend(GroupedBackend):
             self._settle_lean()  # the rest, if any, waits in the general way
             if news is not None:
                 self._on_data(*news)
+
+    def _general_poller(
+        self, awaited: Sequence[_Worker]
+    ) -> tuple[Any, dict[int, tuple[Callable[[_Worker], None], _Worker]]]:
+        """A poll object for a blocking wait, and which handler each of its descriptors calls.
+
+        It listens to every live worker's sentinel, the replies of ``awaited``
+        and the request pipes with messages waiting (``outbox``).  Poll, not
+        select: a busy process's descriptors may be numbered past 1023.  Kept
+        by what it listens to, until a worker dies or is replaced.
+        """
+        key = tuple(
+            (worker, worker in awaited, bool(worker.outbox))
+            for worker in self.workers
+            if worker.alive
+        )
+        found = self._pollers.get(key)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        if len(self._pollers) > 64:  # outboxes that come and go with many workers
+            self._pollers.clear()
+        poller = select.poll()
+        handlers: dict[int, tuple[Callable[[_Worker], None], _Worker]] = {}
+        for worker, listened, outbox in key:
+            poller.register(worker.sentinel, select.POLLIN)
+            handlers[worker.sentinel] = (self._on_exit, worker)
+            if listened:
+                poller.register(worker.reply_fd, select.POLLIN)
+                handlers[worker.reply_fd] = (self._on_readable, worker)
+            if outbox:
+                poller.register(worker.request_fd, select.POLLOUT)
+                handlers[worker.request_fd] = (self._flush, worker)
+        self._pollers[key] = poller, handlers
+        return poller, handlers
 
     def _poller(self, worker: _Worker) -> Any:
         """A poll object on ``worker``'s replies and every live worker's sentinel."""
