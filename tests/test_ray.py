@@ -8,6 +8,7 @@ a node add one of their own first.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import sys
@@ -22,7 +23,7 @@ from conftest import HAVE_RAY, RAY_NODE
 
 import aiovec
 from aiovec.backends import load_backend
-from aiovec.testing import SpaceEnv
+from aiovec.testing import AsyncHangingEnv, Gate, SpaceEnv
 
 pytestmark = pytest.mark.ray
 
@@ -487,3 +488,48 @@ def test_a_bad_max_idle_is_refused(value, error):
 
     with pytest.raises(error, match="max_idle"):
         ActorPool(max_idle=value)
+
+
+# --------------------------------------------------------------------------- cancel in an actor
+
+
+def _gated(gate: Any, hang: bool) -> Any:
+    return AsyncHangingEnv(SpaceEnv(min_len=50, max_len=50), gate, at=1 if hang else 1 << 30)
+
+
+@needs_ray
+@pytest.mark.timeout(30)
+@pytest.mark.asyncio
+async def test_an_actor_cancels_a_call_whose_cancel_came_before_it(tmp_path):
+    """`_GroupActor` run on this loop (its methods are what Ray calls).
+
+    A cancel that overtakes its call cancels the call as it starts (a step, a
+    streamed step); one naming a call already over does nothing to later calls.
+    Env 0's first step would wait on the gate for ever: only a cancel ends it.
+    """
+    import cloudpickle
+
+    from aiovec.backends._messages import StepRequest
+    from aiovec.backends.ray import _GroupActor
+
+    gate = Gate(tmp_path)
+    fns = [functools.partial(_gated, gate, True), functools.partial(_gated, gate, False)]
+    actor = _GroupActor()
+    try:
+        ready = await actor.load(cloudpickle.dumps(fns), 0)
+        assert ready.asyncs == (True, True)
+        await actor.cancel(7, [0])  # call 7 has not started: kept for it
+        reply = await actor.step(StepRequest(7, [0, 1], "NextStep", [False, False], [0, 1]))
+        assert set(reply.errors) == {0}
+        assert isinstance(reply.errors[0], asyncio.CancelledError)
+        await actor.cancel(7, [1])  # call 7 is over: nothing to cancel
+        reply = await actor.step(StepRequest(8, [1], "NextStep", [False], [1]))
+        assert not reply.errors
+        await actor.cancel(9, [0])  # a streamed step overtaken by its cancel
+        streamed = StepRequest(9, [0], "NextStep", [False], [0], True)
+        parts = [part async for part in actor.step_stream(streamed)]
+        assert set(parts[-1].errors) == {0}
+        assert not actor.early  # nothing kept once the calls are over
+        assert not actor.parts
+    finally:
+        gate.release()

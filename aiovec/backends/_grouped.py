@@ -114,7 +114,7 @@ def close_op(count: int) -> CallOp:
 class Request:
     """A request in flight: its worker, its envs, its call, when it started; or a control future."""
 
-    __slots__ = ("envs", "future", "name", "partial", "since", "worker")
+    __slots__ = ("envs", "future", "name", "partial", "seq", "since", "worker")
 
     def __init__(
         self,
@@ -123,9 +123,12 @@ class Request:
         since: float,
         future: asyncio.Future[Any] | None = None,
         name: str = "step",
+        *,
+        seq: int = 0,
     ) -> None:
         self.worker, self.envs, self.since, self.future = worker, envs, since, future
         self.name = name
+        self.seq = seq  # its number, where the worker needs it (a Ray actor's cancel)
         self.partial = False  # some of its envs were cancelled, or delivered apart
 
 

@@ -230,7 +230,7 @@ class Group:
                 elif kind is Call:
                     self._call(request.seq, request.locals, request.op)
                 elif kind is Cancel:
-                    self._cancel(request.locals)
+                    self.cancel(request.locals)
                 elif kind is Rebuild:
                     self._settle(request.locals)
                     errors = self.rebuild(request.locals)
@@ -293,7 +293,7 @@ class Group:
         envs only, not streamed, is stepped at once and answered once (the lean
         reply when every result went to the rows).
         """
-        if not stream and not self._any_async(locals_):
+        if not stream and not self.any_async(locals_):
             reply = self.step(locals_, mode, reset_first, actions)
             if lean and not any(reply):  # nothing to tell beyond the rows
                 write_all(self.out, LeanReply.frame(seq))
@@ -348,7 +348,7 @@ class Group:
                 self._publish(job, last=False)
         self._progress(job)
 
-    def _any_async(self, locals_: Sequence[int]) -> bool:
+    def any_async(self, locals_: Sequence[int]) -> bool:
         """Whether any env of ``locals_`` is async."""
         is_async = self.is_async
         if True not in is_async:  # the usual group: all sync, or all async
@@ -364,9 +364,13 @@ class Group:
 
     def _call(self, seq: int, locals_: Sequence[int], op: CallOp) -> None:
         """One call per env of ``locals_``: async envs' as tasks; one reply."""
-        if not self._any_async(locals_):
+        if not self.any_async(locals_):
             _send(self.out, Reply(seq, CallReply(self.call(locals_, op))))
             return
+        self.call_jobs(seq, locals_, op)
+
+    def call_jobs(self, seq: int, locals_: Sequence[int], op: CallOp) -> None:
+        """`_call` as a job: async envs' calls as tasks (which `cancel` can end); one reply."""
         job = _Job(seq, len(locals_), False, step=False)
         job.outcomes = [(None, None)] * len(locals_)
         for k, j in enumerate(locals_):
@@ -476,7 +480,7 @@ class Group:
         else:
             _send(self.out, Reply(seq, body))
 
-    def _cancel(self, locals_: Sequence[int]) -> None:
+    def cancel(self, locals_: Sequence[int]) -> None:
         """Cancel the async envs' calls in flight (each fails with CancelledError)."""
         for j in locals_:
             task = self.tasks[j]
@@ -488,6 +492,12 @@ class Group:
         tasks = [task for j in locals_ if (task := self.tasks[j]) is not None]
         if tasks:
             self._loop().run_until_complete(asyncio.wait(tasks))
+
+    async def settled(self, locals_: Sequence[int]) -> None:
+        """`_settle`, awaited on the running loop (a Ray actor's)."""
+        tasks = [task for j in locals_ if (task := self.tasks[j]) is not None]
+        if tasks:
+            await asyncio.wait(tasks)
 
     # -- the shared step buffer -----------------------------------------------------
 

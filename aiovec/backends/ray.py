@@ -10,9 +10,14 @@ builds its group from the cloudpickled factories into a `Group`, the very object
 a worker process hosts, and it runs every request through the
 group's flows (``step_flow``, ``call_flow``, ``rebuild_flow``): the per-env
 rules (autoreset, errors as values) are written once, in the core, and driven
-here.  The actor is an async actor limited to one call at a time, so its calls
-run in order, as a worker process's requests do; the coroutines of async envs
-are awaited together on the actor's own event loop.
+here.  The actor is an async actor that takes many calls at once: its sync
+envs still run one at a time (on its event loop, which they hold while they
+run), and the calls of its async envs run as tasks on that loop, so that a
+`_GroupActor.cancel` (a timeout, a Ctrl-C, ``close()``) can cancel one env's
+call while the others go on.  Each call carries the parent's request number:
+a cancel that overtakes its call is kept until the call starts.  A whole step
+or a call is answered once, for all its envs; a streamed step (``send()``) in
+parts, as they end.
 
 ``launch`` makes one remote call per actor hosting some of the envs, and turns
 each returned object ref into an asyncio future (``ObjectRef.future`` through
@@ -71,6 +76,7 @@ from aiovec.backends._messages import (
     Ready,
     RebuildReply,
     StepReply,
+    StepRequest,
 )
 from aiovec.backends._worker import Group, GroupFlow, _BuildFailed, build_flow, gather_outcomes
 
@@ -131,6 +137,13 @@ class _GroupActor:
         self.group: Group | None = None
         self.raw: np.ndarray | None = None  # the group's step arrays, as bytes
         self.failed = Failed(0, RuntimeError("no group loaded"), False)
+        self._forget_calls()
+
+    def _forget_calls(self) -> None:
+        """No call of async envs running, none cancelled ahead (a new actor, or a new group)."""
+        self.parts: dict[int, asyncio.Queue[StepReply | CallReply]] = {}  # by request number
+        self.early: dict[int, list[int]] = {}  # cancels of calls not started yet
+        self.newest = 0  # the number of the newest call started
 
     async def placed(self) -> None:
         """Answers once the actor runs (for a bounded wait on its placement)."""
@@ -138,6 +151,7 @@ class _GroupActor:
     async def load(self, factories: bytes, first: int) -> Ready | Failed:
         """Build the group of envs ``factories`` (the first is env ``first``); as `ready`."""
         self.group = self.raw = None
+        self._forget_calls()  # a pooled actor: the new vector env numbers its calls anew
         try:
             fns = cloudpickle.loads(factories)  # built on this loop (the factory rule)
             self.group = Group(fns, first, envs=await _drive(build_flow(fns, first)))
@@ -155,53 +169,125 @@ class _GroupActor:
         """The group's traits and this actor's node, or why the group could not be built."""
         if self.group is None:
             return self.failed
-        return Ready(self.group.traits(), ray.get_runtime_context().get_node_id())
+        node = ray.get_runtime_context().get_node_id()
+        return Ready(self.group.traits(), node, self.group.asyncs())
 
-    async def step(
-        self, locals_: Sequence[int], mode: str, reset_first: Sequence[bool], actions: list[Any]
-    ) -> StepReply:
-        assert self.group is not None
-        reply = await _drive(self.group.step_flow(locals_, mode, reset_first, actions))
-        return reply._replace(rows=self.raw)
+    # A call of async envs runs them as tasks on this loop (`Group.step_parts`,
+    # `Group.call_jobs`), so that `cancel`, which Ray runs beside it (the actor
+    # takes many calls at once; sync envs still run one at a time, as the loop
+    # does), can cancel one env's. Each call has the parent's request number.
 
-    async def step_stream(
-        self, locals_: Sequence[int], mode: str, reset_first: Sequence[bool], actions: list[Any]
-    ) -> AsyncIterator[StepReply]:
+    def _start(self, seq: int) -> tuple[Group, asyncio.Queue[StepReply | CallReply]]:
+        """Call ``seq`` starts: where its group publishes its parts."""
+        group = self.group
+        assert group is not None
+        group.loop = asyncio.get_running_loop()
+        group.emit = self._emit
+        parts = self.parts[seq] = asyncio.Queue()
+        self.newest = max(self.newest, seq)
+        return group, parts
+
+    def _emit(self, seq: int, body: StepReply | CallReply) -> None:
+        parts = self.parts.get(seq)
+        if parts is not None:
+            parts.put_nowait(body)
+
+    def _started(self, group: Group, seq: int) -> None:
+        """Call ``seq``'s async envs are tasks now: cancel those whose cancel came first."""
+        cancelled = self.early.pop(seq, None)
+        if cancelled:
+            group.cancel(cancelled)
+
+    async def cancel(self, seq: int, locals_: list[int]) -> None:
+        """Cancel the calls of async envs ``locals_`` in call ``seq`` (when it starts, if not yet).
+
+        A call already over is left alone: its reply is on its way.
+        """
+        group = self.group
+        if seq in self.parts and group is not None:
+            group.cancel(locals_)
+        elif seq > self.newest:
+            self.early.setdefault(seq, []).extend(locals_)
+
+    async def step(self, request: StepRequest) -> StepReply:
+        """A whole step: one reply, whatever the order its envs finish in."""
+        group = self.group
+        assert group is not None
+        seq, locals_, mode, reset_first, actions, _ = request
+        if not group.any_async(locals_):
+            reply = await _drive(group.step_flow(locals_, mode, reset_first, actions))
+            return reply._replace(rows=self.raw)
+        group, parts = self._start(seq)
+        try:
+            for _ in group.step_parts(*request):
+                pass
+            self._started(group, seq)
+            errors: dict[int, BaseException] = {}
+            infos: dict[int, dict[str, Any]] = {}
+            finals: dict[int, dict[str, Any]] = {}
+            odd: dict[int, Any] = {}
+            while True:  # the parts it published as envs ended, as one reply
+                part = await parts.get()
+                assert isinstance(part, StepReply)
+                errors.update(part.errors)
+                infos.update(part.infos)
+                finals.update(part.finals)
+                odd.update(part.odd)
+                if part.envs is None:
+                    return StepReply(errors, infos, finals, odd, rows=self.raw)
+        finally:
+            del self.parts[seq]
+
+    async def step_stream(self, request: StepRequest) -> AsyncIterator[StepReply]:
         """A streamed step (``send()``): a part as envs finish, the last covering the rest.
 
         The group publishes each sync env's result as it ends and its async envs'
         as they end (tasks on this loop); each part carries the step rows.
         """
-        group = self.group
-        assert group is not None
-        parts: asyncio.Queue[StepReply] = asyncio.Queue()
-        group.loop = asyncio.get_running_loop()
-        group.emit = lambda seq, body: parts.put_nowait(cast(StepReply, body))
+        group, parts = self._start(request.seq)
         try:
-            for _ in group.step_parts(0, locals_, mode, reset_first, actions, True):
+            first = True
+            for _ in group.step_parts(*request):
+                if first:
+                    self._started(group, request.seq)
+                    first = False
                 while not parts.empty():  # a sync env's part: sent before the next one runs
-                    yield self._with_rows(parts.get_nowait())
+                    yield self._with_rows(cast(StepReply, parts.get_nowait()))
+            self._started(group, request.seq)
             while True:
-                part = await parts.get()
+                part = cast(StepReply, await parts.get())
                 yield self._with_rows(part)
                 if part.envs is None:
                     return
         finally:
-            group.emit = None
+            del self.parts[request.seq]
 
     def _with_rows(self, part: StepReply) -> StepReply:
         return part._replace(rows=None if self.raw is None else self.raw.copy())
 
-    async def call(self, locals_: Sequence[int], op: CallOp) -> CallReply:
-        assert self.group is not None
-        return CallReply(await _drive(self.group.call_flow(locals_, op)))
+    async def call(self, seq: int, locals_: Sequence[int], op: CallOp) -> CallReply:
+        group = self.group
+        assert group is not None
+        if not group.any_async(locals_):
+            return CallReply(await _drive(group.call_flow(locals_, op)))
+        group, parts = self._start(seq)
+        try:
+            group.call_jobs(seq, locals_, op)
+            self._started(group, seq)
+            return cast(CallReply, await parts.get())
+        finally:
+            del self.parts[seq]
 
     async def rebuild(self, locals_: Sequence[int]) -> RebuildReply:
-        assert self.group is not None
-        return RebuildReply(await _drive(self.group.rebuild_flow(locals_)))
+        group = self.group
+        assert group is not None
+        await group.settled(locals_)  # cancelled calls of these envs unwind first
+        errors = await _drive(group.rebuild_flow(locals_))
+        return RebuildReply(errors, {j: group.is_async[j] for j in locals_})
 
 
-_RemoteGroup = ray.remote(max_restarts=0, max_concurrency=1)(_GroupActor)
+# Many calls at once (see `_GroupActor.cancel`); an async actor's default is 1000.
+_RemoteGroup = ray.remote(max_restarts=0, max_concurrency=1000)(_GroupActor)
 
 
 class ActorPool:
@@ -332,6 +418,7 @@ class RayBackend(GroupedBackend):
     """
 
     OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS | {POOL_OPTION, PLACEMENT_OPTION}
+    INTERRUPTS: ClassVar[bool] = True
 
     def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
         """Connect to Ray, read the options; one actor per CPU of the cluster by default."""
@@ -348,6 +435,7 @@ class RayBackend(GroupedBackend):
         self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
         self._receive: StepArrays | None = None  # step rows, copied out of the replies
         self._streams: set[asyncio.Task[None]] = set()  # streamed steps being received
+        self._seq = 0  # the number of the newest request (an actor cancels by it)
         self._finalizer = weakref.finalize(self, _kill_all, self.workers)
         return num_workers or _cluster_cpus()
 
@@ -439,10 +527,11 @@ class RayBackend(GroupedBackend):
         )
 
     def _check_ready(self, actor: _Actor, reply: Ready | Failed) -> EnvTraits:
-        """The traits a new actor reported (its node noted), or its construction's error."""
+        """The traits a new actor reported (its node and async envs noted), or its error."""
         traits = ready_traits(reply)
         assert isinstance(reply, Ready)
         actor.node_id = reply.node_id
+        self.note_ready(self.workers.index(actor), reply)
         return traits
 
     # -- running ops -------------------------------------------------------------------
@@ -451,27 +540,31 @@ class RayBackend(GroupedBackend):
         """Call ``op`` for ``envs`` (all hosted by ``worker``); the reply comes to the loop."""
         first = worker.group.start
         locals_ = [i - first for i in envs]
+        self._seq += 1
+        seq = self._seq
         try:
             if isinstance(op, StepOp) and op.stream:  # send(): its parts as envs finish
-                parts = worker.handle.step_stream.options(num_returns="streaming").remote(
-                    locals_, op.mode.value, list(op.reset_first), list(op.actions)
+                message = StepRequest(
+                    seq, locals_, op.mode.value, list(op.reset_first), list(op.actions), True
                 )
-                request = Request(worker, envs, since, name=op.name)
+                parts = worker.handle.step_stream.options(num_returns="streaming").remote(message)
+                request = Request(worker, envs, since, name=op.name, seq=seq)
                 self.wait_on(request, envs)
                 task = asyncio.get_running_loop().create_task(self._stream(request, parts))
                 self._streams.add(task)
                 task.add_done_callback(self._streams.discard)
                 return
             if isinstance(op, StepOp):
-                ref = worker.handle.step.remote(
-                    locals_, op.mode.value, list(op.reset_first), list(op.actions)
+                message = StepRequest(
+                    seq, locals_, op.mode.value, list(op.reset_first), list(op.actions)
                 )
+                ref = worker.handle.step.remote(message)
             else:
-                ref = worker.handle.call.remote(locals_, op)
+                ref = worker.handle.call.remote(seq, locals_, op)
         except Exception as exc:  # e.g. an argument that cannot be serialised
             self.unsendable(envs, op, exc)
             return
-        request = Request(worker, envs, since)
+        request = Request(worker, envs, since, name=op.name, seq=seq)
         self.wait_on(request, envs)
         future = _future(ref)
         future.add_done_callback(functools.partial(self._deliver, request))
@@ -532,6 +625,18 @@ class RayBackend(GroupedBackend):
             ray.kill(actor.handle, no_restart=True)
         self.lose(actor, actor.death(cause))
 
+    def interrupt(self, worker: _Actor, locals_: list[int]) -> None:
+        """Ask ``worker`` to cancel the calls of its async envs ``locals_``, by request."""
+        if not worker.alive:
+            return
+        first = worker.group.start
+        by_request: dict[int, list[int]] = {}
+        for j in locals_:
+            by_request.setdefault(self.stuck[first + j].seq, []).append(j)
+        for seq, cancelled in by_request.items():
+            with contextlib.suppress(Exception):  # a dead actor: its death is seen apart
+                worker.handle.cancel.remote(seq, cancelled)
+
     def kill(self, w: int) -> None:
         """Kill actor ``w`` now (its envs are lost)."""
         actor = self.workers[w]
@@ -548,7 +653,7 @@ class RayBackend(GroupedBackend):
         except _DEATHS as exc:
             self._on_death(actor, exc)
             return None
-        return reply.errors
+        return self.note_rebuilt(w, reply)
 
     async def replace(self, w: int) -> EnvTraits:
         """Kill actor ``w`` (if it still runs) and start a new one for its group."""
@@ -600,7 +705,7 @@ class RayBackend(GroupedBackend):
                 continue  # not placed (yet): it hosts no env to close
             local = list(range(len(actor.group)))
             try:
-                closes.append(actor.handle.call.remote(local, close_op(len(local))))
+                closes.append(actor.handle.call.remote(0, local, close_op(len(local))))
             except Exception:  # the construction error matters more
                 continue
         if closes:
