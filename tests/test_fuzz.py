@@ -52,10 +52,13 @@ import aiovec
 from aiovec.testing import SpaceEnv
 
 NUM_ENVS = 3
+# Ray is left out: its conformance and fault suites run on it, and its client's own
+# sockets, opened on first use, would read as leaks here.
 EXAMPLES = {"inline": 12, "thread": 8, "process": 4}
 SETUPS = [
     pytest.param(backend, front_end, id=f"{backend}-{front_end}")
     for backend in BACKENDS
+    if backend in EXAMPLES
     for front_end in FRONT_ENDS
 ]
 ARGUMENT_ERRORS = (ValueError, TypeError)  # ValueError includes StateError and ClosedError
