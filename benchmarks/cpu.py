@@ -66,7 +66,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
@@ -470,7 +470,9 @@ def _rounds(
     return seconds / received * env_steps
 
 
-def pipelined_floor(name: str, make: Callable[[], Any], num_envs: int, batch: int) -> Candidate:
+def pipelined_floor(
+    name: str, make: Callable[[], Any], num_envs: int, batch: int
+) -> tuple[Candidate, list[int]]:
     """The pipelined loop driven by a minimal parent: what the host allows.
 
     Two `GroupServers` with two parts each (``num_envs // 4`` envs a part).
@@ -478,7 +480,7 @@ def pipelined_floor(name: str, make: Callable[[], Any], num_envs: int, batch: in
     round waits until parts of at least ``batch`` envs have answered (taking
     every answer there is), copies their rows out in index order, and sends
     those parts again: while it handles one part, that part's worker steps
-    its other.
+    its other.  Also returns the workers' process ids.
     """
     servers = GroupServers(make, num_envs, workers=2, parts=2)
     arrays, parts, per_worker = servers.arrays, servers.parts, servers.parts_per_worker
@@ -516,11 +518,13 @@ def pipelined_floor(name: str, make: Callable[[], Any], num_envs: int, batch: in
     def run(steps: int) -> float:
         return _rounds(send, recv, range(len(parts)), num_envs, batch, steps * batch)
 
-    return Candidate(name, run, servers.close)
+    return Candidate(name, run, servers.close), [proc.pid for proc in servers.procs]
 
 
-def pipelined_blocking(name: str, make: Callable[[], Any], num_envs: int, batch: int) -> Candidate:
-    """``BlockingVectorEnv`` (process, W = 2): the loop through its ``send``/``recv``."""
+def pipelined_blocking(
+    name: str, make: Callable[[], Any], num_envs: int, batch: int
+) -> tuple[Candidate, list[int]]:
+    """``BlockingVectorEnv`` (process, W = 2): the loop through its ``send``/``recv``; its pids."""
     venv = aiovec.BlockingVectorEnv([make] * num_envs, backend="process", num_workers=2)
     actions = _actions(num_envs)
 
@@ -535,11 +539,13 @@ def pipelined_blocking(name: str, make: Callable[[], Any], num_envs: int, batch:
         venv.reset(seed=0)
         return _rounds(send, recv, np.arange(num_envs), num_envs, batch, steps * batch)
 
-    return Candidate(name, run, venv.close)
+    return Candidate(name, run, venv.close), list(cast(Any, venv.vector_env._backend).pids)
 
 
-def pipelined_await(name: str, make: Callable[[], Any], num_envs: int, batch: int) -> Candidate:
-    """``AsyncioVectorEnv`` (process, W = 2): the same loop, awaited in one running loop."""
+def pipelined_await(
+    name: str, make: Callable[[], Any], num_envs: int, batch: int
+) -> tuple[Candidate, list[int]]:
+    """``AsyncioVectorEnv`` (process, W = 2): the same loop, awaited in one running loop; pids."""
     runner = asyncio.Runner()
     actions = _actions(num_envs)
 
@@ -574,30 +580,36 @@ def pipelined_await(name: str, make: Callable[[], Any], num_envs: int, batch: in
         finally:
             runner.close()
 
-    return Candidate(name, lambda steps: runner.run(rounds(steps * batch)), close)
+    pids = list(cast(Any, venv._backend).pids)
+    return Candidate(name, lambda steps: runner.run(rounds(steps * batch)), close), pids
 
 
-def pipelined(args: argparse.Namespace) -> list[dict[str, Any]]:
+def pipelined(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Issue 15's pipelined CartPole, every candidate interleaved in each repetition.
 
     ``PIPELINED_ENVS`` envs on the process backend (W = 2) in rounds of
     ``recv(min_envs=PIPELINED_BATCH)`` and ``send``, through both front ends;
     gymnasium ``SyncVectorEnv`` and aiovec's lock-step ``step`` over
     ``PIPELINED_BATCH`` envs; and the same rounds driven by a minimal parent.
-    Each timing counts ``--steps`` batches of env-steps.
+    Each timing counts ``--steps`` batches of env-steps.  Then, where ``/proc``
+    is readable, one more timing of each pipelined loop says where its CPU went
+    (`pipelined_cpu`).
     """
     n, batch, steps = PIPELINED_ENVS, PIPELINED_BATCH, args.steps
     made: list[tuple[Candidate, int]] = []
+    pids: dict[str, list[int]] = {}
     try:
-        made.append((pipelined_floor(PIPELINED_FLOOR, make_cartpole, n, batch), n))  # it forks
+        floor, pids[PIPELINED_FLOOR] = pipelined_floor(PIPELINED_FLOOR, make_cartpole, n, batch)
+        made.append((floor, n))  # it forks: first
         sync = gymnasium.vector.SyncVectorEnv([make_cartpole] * batch)
         made.append((_stepper(SYNC, sync, batch), batch))
         lockstep = aiovec.BlockingVectorEnv(
             [make_cartpole] * batch, backend="process", num_workers=2
         )
         made.append((_stepper(f"{PROCESS}: step()", lockstep, batch), batch))
-        made.append((pipelined_await(SENT_AWAIT, make_cartpole, n, batch), n))
-        made.append((pipelined_blocking(SENT_BLOCKING, make_cartpole, n, batch), n))
+        for name, make_loop in ((SENT_AWAIT, pipelined_await), (SENT_BLOCKING, pipelined_blocking)):
+            cand, pids[name] = make_loop(name, make_cartpole, n, batch)
+            made.append((cand, n))
         made = made[1:] + made[:1]  # the baseline first
         run_interleaved(
             [cand for cand, _ in made],
@@ -605,6 +617,11 @@ def pipelined(args: argparse.Namespace) -> list[dict[str, Any]]:
             reps=args.reps,
             warmup_steps=max(5, steps // 10),
         )
+        accounts = [
+            pipelined_cpu(cand, pids[cand.name], steps * batch)
+            for cand, _ in made
+            if cand.name in pids and _has_proc()
+        ]
     finally:
         for cand, _ in made:
             cand.close()
@@ -614,7 +631,29 @@ def pipelined(args: argparse.Namespace) -> list[dict[str, Any]]:
         target = PIPELINED_TARGETS.get(row["candidate"])
         if target is not None:
             row["target"], row["passed"] = target, row["over_sync"] >= target
-    return rows
+    return rows, accounts
+
+
+def pipelined_cpu(cand: Candidate, pids: Sequence[int], env_steps: int) -> dict[str, Any]:
+    """One more timing of a pipelined loop: the CPU its parent and its workers spent.
+
+    Per env-step, in microseconds; ``cores`` is all of it over the wall time.
+    On two cores the loop can only go as fast as two cores can do that much
+    work: this says whose work it is.  (The loop's untimed edges, a reset and
+    the last ``recv``, are counted too: a few steps' worth in thousands.)
+    """
+    workers_before = [_cpu_seconds(pid) for pid in pids]
+    parent_before, wall_before = time.process_time(), time.perf_counter()
+    cand.run(env_steps // PIPELINED_BATCH)
+    wall = time.perf_counter() - wall_before
+    parent = time.process_time() - parent_before
+    workers = sum(_cpu_seconds(pid) for pid in pids) - sum(workers_before)
+    return {
+        "candidate": cand.name,
+        "parent_cpu_us": parent / env_steps * 1e6,
+        "workers_cpu_us": workers / env_steps * 1e6,
+        "cores": (parent + workers) / wall,
+    }
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -768,6 +807,18 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
             f"lock-step steps of {PIPELINED_BATCH} envs (random actions)"
         )
         _print_rates(extra["pipelined"])
+    if extra.get("pipelined_cpu"):
+        print()
+        print(
+            "| pipelined loop: where the CPU went | parent CPU us/env-step "
+            "| workers' CPU us/env-step | cores busy |"
+        )
+        print("|---|---:|---:|---:|")
+        for a in extra["pipelined_cpu"]:
+            print(
+                f"| {a['candidate']} | {a['parent_cpu_us']:.2f} | {a['workers_cpu_us']:.2f} "
+                f"| {a['cores']:.2f} |"
+            )
     if extra.get("scaling"):
         print()
         _print_rates(extra["scaling"])
@@ -843,7 +894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "round_trip_us": round_trip(args),
         "breakdown": [breakdown(case, args) for case in cases] if _has_proc() else [],
         "pipe_floor_us": pipe_floor(200 if args.quick else 2000),
-        "pipelined": pipelined(args),
+        **dict(zip(("pipelined", "pipelined_cpu"), pipelined(args), strict=True)),
         "worker_memory": worker_memory(),
         "scaling": scaling(args) if args.workers else [],
     }
