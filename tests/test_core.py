@@ -553,7 +553,6 @@ def test_latency_of_envs_that_ended_together():
     assert stats.mean.tolist() == pytest.approx([2.0, 1.0, 2.0, 3.5, 2.0])
 
 
-
 def test_latency_of_two_groups_that_alternate():
     """A pipelined loop's samples: two disjoint groups in turn, spread group by group."""
     book = LatencyBook(4, window=8)
@@ -565,6 +564,7 @@ def test_latency_of_two_groups_that_alternate():
     assert stats.count.tolist() == [8, 8, 8, 8]
     # envs 0-1: 4, 6, ..., 18 (and env 1: 6, ..., 18, 100); envs 2-3: 3, 5, ..., 17
     assert stats.mean.tolist() == pytest.approx([11.0, 23.0, 10.0, 10.0])
+
 
 @settings(max_examples=200, deadline=None)
 @given(
