@@ -6,6 +6,7 @@ Run from the repository root::
     python benchmarks/cpu.py --quick    # CI smoke test
     python benchmarks/cpu.py --reps 7 --json cpu.json
     python benchmarks/cpu.py --workers 1,2,4,8,16   # also: throughput against W
+    python benchmarks/cpu.py --only pipelined --only scaling --workers 1,2,4,8,16
 
 Cases (W = 2 workers for aiovec): CartPole-v1 with N = 32 and N = 256, and
 ``BusyCartPole`` (CartPole plus ~100 us of pure Python per step) with N = 32.
@@ -104,6 +105,9 @@ SENT_BLOCKING = f"{PROCESS}: BlockingVectorEnv send()/recv(min_envs={PIPELINED_B
 PIPELINED_FLOOR = "minimal parent: the same rounds over 2 workers in halves"
 # candidate -> minimum speed-up (env-steps/s) over SyncVectorEnv over PIPELINED_BATCH envs
 PIPELINED_TARGETS = {SENT_AWAIT: 1.3, SENT_BLOCKING: 1.3}
+# --only's choices: the lock-step cases (with the round trip, breakdown and memory),
+# the pipelined loop (with its CPU accounting), and throughput against --workers
+PARTS = ("lockstep", "pipelined", "scaling")
 
 
 class BusyCartPole(CartPoleEnv):
@@ -753,12 +757,13 @@ def _time_steps(env: BusyCartPole, steps: int = 300) -> float:
 def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[str, Any]) -> None:
     print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     print(f"BusyCartPole: {extra['busy_loops']} loop iterations (~100 us) per step")
-    print()
-    print(
-        "| env | N | candidate | k env-steps/s | aiovec speed-up over it "
-        "| aiovec with cpus=None: speed-up over it | target |"
-    )
-    print("|---|---:|---|---:|---:|---:|---|")
+    if rows:
+        print()
+        print(
+            "| env | N | candidate | k env-steps/s | aiovec speed-up over it "
+            "| aiovec with cpus=None: speed-up over it | target |"
+        )
+        print("|---|---:|---|---:|---:|---:|---|")
     for r in rows:
         cells = []
         for key in ("speedup", "speedup_unpinned"):
@@ -772,11 +777,12 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
             f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
             f"| {r['k_env_steps_per_s']:.1f} | {cells[0]} | {cells[1]} | {target} |"
         )
-    print()
-    print("| one step of 2 trivial envs | us per step |")
-    print("|---|---:|")
-    for name, us in extra["round_trip_us"].items():
-        print(f"| {name} | {us:.1f} |")
+    if extra.get("round_trip_us"):
+        print()
+        print("| one step of 2 trivial envs | us per step |")
+        print("|---|---:|")
+        for name, us in extra["round_trip_us"].items():
+            print(f"| {name} | {us:.1f} |")
     if extra.get("breakdown"):
         print()
         print(
@@ -796,8 +802,9 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
             f"floor: a bare pipe round trip to 2 sleeping processes, "
             f"{extra['pipe_floor_us']:.1f} us"
         )
-    print()
-    for m in extra["worker_memory"]:
+    if extra.get("worker_memory"):
+        print()
+    for m in extra.get("worker_memory", []):
         print(f"worker {m['pid']}: RSS {m['rss_mib']:.1f} MiB, PSS {m['pss_mib']:.1f} MiB")
     if extra.get("pipelined"):
         print()
@@ -864,7 +871,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[],
         help="comma-separated worker counts: also measure throughput against W",
     )
+    parser.add_argument(
+        "--only",
+        choices=PARTS,
+        action="append",
+        help="run only this part (repeatable; scaling needs --workers)",
+    )
     args = parser.parse_args(argv)
+    args.parts = tuple(args.only or PARTS)
+    if args.only and "scaling" in args.only and not args.workers:
+        parser.error("--only scaling needs --workers, e.g. --workers 1,2,4")
     if args.reps is None:
         args.reps = 2 if args.quick else 5
     if args.steps is None:
@@ -886,18 +902,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         Case("BusyCartPole", 32, make_busy, True),
     ]
     rows: list[dict[str, Any]] = []
-    for case in cases:
-        rows += run_case(case, args)
-        print(f"  measured {case.env} N={case.num_envs}", file=sys.stderr, flush=True)
-    extra = {
-        "busy_loops": BusyCartPole.loops,
-        "round_trip_us": round_trip(args),
-        "breakdown": [breakdown(case, args) for case in cases] if _has_proc() else [],
-        "pipe_floor_us": pipe_floor(200 if args.quick else 2000),
-        **dict(zip(("pipelined", "pipelined_cpu"), pipelined(args), strict=True)),
-        "worker_memory": worker_memory(),
-        "scaling": scaling(args) if args.workers else [],
-    }
+    extra: dict[str, Any] = {"busy_loops": BusyCartPole.loops}
+    if "lockstep" in args.parts:
+        for case in cases:
+            rows += run_case(case, args)
+            print(f"  measured {case.env} N={case.num_envs}", file=sys.stderr, flush=True)
+        extra |= {
+            "round_trip_us": round_trip(args),
+            "breakdown": [breakdown(case, args) for case in cases] if _has_proc() else [],
+            "pipe_floor_us": pipe_floor(200 if args.quick else 2000),
+            "worker_memory": worker_memory(),
+        }
+    if "pipelined" in args.parts:
+        extra |= dict(zip(("pipelined", "pipelined_cpu"), pipelined(args), strict=True))
+    if "scaling" in args.parts and args.workers:
+        extra["scaling"] = scaling(args)
     print_report(info, rows, extra)
     elapsed = time.perf_counter() - started
     print(f"({args.reps} repetitions, {elapsed:.0f} s in all)")

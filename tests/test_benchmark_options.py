@@ -1,0 +1,33 @@
+"""The benchmark scripts refuse bad options with a clear error, before measuring anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CPU = Path(__file__).resolve().parent.parent / "benchmarks" / "cpu.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CPU), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.mark.timeout(90)
+def test_cpu_only_scaling_needs_workers():
+    done = _run("--only", "scaling")
+    assert done.returncode == 2
+    assert "--only scaling needs --workers" in done.stderr
+    assert "machine:" not in done.stdout  # nothing was measured
+
+
+@pytest.mark.timeout(90)
+def test_cpu_only_names_its_choices():
+    done = _run("--only", "lockstepp")
+    assert done.returncode == 2
+    assert "invalid choice: 'lockstepp'" in done.stderr
+    assert "'lockstep', 'pipelined', 'scaling'" in done.stderr
