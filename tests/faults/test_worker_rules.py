@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
+from conftest import shared_actors
 from gymnasium import spaces
 
 import aiovec
@@ -64,7 +65,10 @@ def test_a_bool_is_not_a_reward() -> None:
 @pytest.mark.parametrize("reward", REWARDS, ids=repr)
 def test_every_backend_takes_the_rewards_the_check_takes(backend: str, reward: Any) -> None:
     fn = functools.partial(RewardEnv, reward)
-    with aiovec.BlockingVectorEnv([fn] * 2, backend=backend, num_workers=1) as envs:
+    # ray: in the session's actors (a new actor costs a second; what a worker checks does not
+    # depend on whether it hosted envs before)
+    options = shared_actors(backend)
+    with aiovec.BlockingVectorEnv([fn] * 2, backend=backend, num_workers=1, **options) as envs:
         envs.reset(seed=0)
         if validate.is_reward(reward):
             _, rewards, *_ = envs.step(np.zeros(2, np.int64))
