@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
+from conftest import run_main_task
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,8 +51,8 @@ class Front:
         if self.runner is None:
             return method(*args, **kwargs)
         if name == "send":
-            return self.runner.run(_sync_in_loop(method, *args))
-        return self.runner.run(method(*args, **kwargs))
+            return run_main_task(self.runner, _sync_in_loop(method, *args))
+        return run_main_task(self.runner, method(*args, **kwargs))
 
     def close(self) -> None:
         self.call("close")
@@ -106,30 +107,37 @@ def test_any_interleaving_gives_each_env_its_own_trajectory(
             oracle.reset(seed=10 + i)
         sent: dict[int, int] = {}
         for _ in range(data.draw(st.integers(4, 12))):
-            idle = [i for i in range(N) if i not in sent]
-            if not sent and data.draw(st.integers(0, 3)) == 0:
+            # Every round draws the same things, whatever recv() returned before: which
+            # envs a recv() returns depends on timing, and draws that depend on it would
+            # make hypothesis see a different strategy on a replay (FlakyStrategyDefinition).
+            roll = data.draw(st.integers(0, 3))
+            mask = np.array(data.draw(st.lists(st.booleans(), min_size=N, max_size=N)))
+            mask[data.draw(st.integers(0, N - 1))] = True
+            wants_send = data.draw(st.booleans())
+            chosen = data.draw(st.sets(st.integers(0, N - 1), min_size=1))
+            order = data.draw(st.permutations(range(N)))
+            drawn_actions = data.draw(st.lists(st.integers(0, 2), min_size=N, max_size=N))
+            as_array = data.draw(st.booleans())
+            least = data.draw(st.integers(1, N))
+            if not sent and roll == 0:
                 # a masked reset: the other envs keep the observation recv() gave last
-                mask = np.array(data.draw(st.lists(st.booleans(), min_size=N, max_size=N)))
-                mask[data.draw(st.integers(0, N - 1))] = True
                 obs = front.call("reset", options={"reset_mask": mask})[0]
                 for i in range(N):
                     want = oracles[i].reset()[0][0] if mask[i] else last[i]
                     assert np.array_equal(obs[i], want)
                     last[i] = want
                 continue
-            if idle and (not sent or data.draw(st.booleans())):
+            ids = [i for i in order if i in chosen and i not in sent]
+            if ids and (not sent or wants_send):
                 # in any order: each env must get its own action
-                ids = data.draw(
-                    st.permutations(sorted(data.draw(st.sets(st.sampled_from(idle), min_size=1))))
-                )
-                actions = [data.draw(st.integers(0, 2)) for _ in ids]
+                actions = [drawn_actions[i] for i in ids]
                 # an array goes into shared rows (process); a list is sent with the request
-                front.call("send", np.array(actions) if data.draw(st.booleans()) else actions, ids)
+                front.call("send", np.array(actions) if as_array else actions, ids)
                 sent.update(zip(ids, actions, strict=True))
                 continue
-            least = data.draw(st.integers(1, len(sent)))
-            obs, rewards, terms, truncs, infos, env_ids = front.call("recv", least)
-            assert len(env_ids) >= least
+            # here envs are in flight: with none, every env is idle and ``ids`` is not empty
+            obs, rewards, terms, truncs, infos, env_ids = front.call("recv", min(least, len(sent)))
+            assert len(env_ids) >= min(least, len(sent))
             assert list(env_ids) == sorted(env_ids)
             for k, i in enumerate(env_ids.tolist()):
                 want = oracles[i].step(np.array([sent.pop(i)]))
