@@ -29,5 +29,7 @@ def test_cpu_only_scaling_needs_workers():
 def test_cpu_only_names_its_choices():
     done = _run("--only", "lockstepp")
     assert done.returncode == 2
-    assert "invalid choice: 'lockstepp'" in done.stderr
-    assert "'lockstep', 'pipelined', 'scaling'" in done.stderr
+    assert "invalid choice" in done.stderr
+    assert "lockstepp" in done.stderr
+    for part in ("lockstep", "pipelined", "scaling"):  # quoted or not, by Python version
+        assert part in done.stderr.split("choose from", 1)[1]
