@@ -141,7 +141,10 @@ def test_bad_max_concurrency(value, error):
 
 
 class SlowEnv(aiovec.AsyncEnv[int, int]):
-    """Env ``i`` suspends ``i`` times per step: a higher index is a slower server."""
+    """Env ``i``'s server takes ``i`` * 10 ms per step: a higher index is a slower server.
+
+    (Suspending more often is not a slower server: waits for the loop are queue wait.)
+    """
 
     observation_space = action_space = SPACE
 
@@ -152,8 +155,8 @@ class SlowEnv(aiovec.AsyncEnv[int, int]):
         return 0, {}
 
     async def step(self, action):
-        for _ in range(self.i * 20):
-            await asyncio.sleep(0)
+        if self.i:
+            await asyncio.sleep(0.01 * self.i)
         return 0, 0.0, False, False, {}
 
 
@@ -262,3 +265,31 @@ async def test_each_env_has_its_timeout_from_its_own_start_not_the_queue(backend
     finally:
         release.set()
         await venv.close()
+
+
+class _Sleeper(aiovec.AsyncEnv[int, int]):
+    observation_space = action_space = gymnasium.spaces.Discrete(2)
+
+    async def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    async def step(self, action):
+        await asyncio.sleep(0.2)
+        return 0, 0.0, False, False, {}
+
+
+@pytest.mark.asyncio
+async def test_latency_stats_keep_queue_wait_apart_from_the_envs_own_time():
+    # one slot, three envs of 0.2 s each: the third waits 0.4 s for its slot, and
+    # that wait is the queue's, not the env's (its own time stays about 0.2 s)
+    async with aiovec.AsyncioVectorEnv([_Sleeper] * 3, max_concurrency=1) as venv:
+        await venv.reset()
+        await venv.step(np.zeros(3, np.int64))
+        stats = venv.latency_stats()
+    assert stats.count.tolist() == [1, 1, 1]
+    assert (stats.p50 >= 0.2).all()
+    assert (stats.p50 < 0.39).all(), stats.p50  # a queued call's own time excludes its wait
+    assert stats.queue is not None
+    assert stats.queue.count.tolist() == [1, 1, 1]
+    assert sorted(stats.queue.p50)[2] >= 0.4  # the last to get the slot waited for two calls
+    assert stats.queue.queue is None

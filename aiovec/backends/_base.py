@@ -86,6 +86,9 @@ class Backend(abc.ABC):
         self.limiter = limiter
         self.latency = LatencyBook(self.num_envs)
         self._started = [0.0] * self.num_envs  # when each env's call in flight began
+        self._before = [0.0] * self.num_envs  # what it waited before it started (loop, slot)
+        self.lag = [0.0] * self.num_envs
+        """Loop time each env's call in flight waited after it started, while other envs ran."""
         self.queued: set[int] = set()  # envs in flight still waiting for a concurrency slot
         self._results: MutableMapping[int, Any] = self._new_results()
         self._errors: dict[int, BaseException] = {}
@@ -174,10 +177,18 @@ class Backend(abc.ABC):
             self.take()
         return errors
 
-    def _mark_waiting(self, i: int, since: float) -> None:
-        """Env ``i``'s call (started at ``since``) waits: it is in flight and timed."""
+    def _mark_waiting(self, i: int, since: float, start: float | None = None) -> None:
+        """Env ``i``'s call, launched at ``since``, waits: it is in flight and timed.
+
+        ``start`` is when the call really started, if later (its turn on the loop
+        came after other envs'): the time between is queue wait, not the env's.
+        """
         self.pending.add(i)
-        self._started[i] = since
+        if start is None:
+            self._started[i] = since
+        else:
+            self._started[i] = start
+            self._before[i] = start - since
 
     def _queue(self, i: int, waiting: bool) -> None:
         """Env ``i`` waits for a ``max_concurrency`` slot, or no longer (its clock starts now)."""
@@ -185,7 +196,9 @@ class Backend(abc.ABC):
             self.queued.add(i)
         else:
             self.queued.discard(i)
-            self._started[i] = time.perf_counter()  # queued time is not the env's
+            now = time.perf_counter()  # queued time is not the env's: it is queue wait
+            self._before[i] += now - self._started[i]
+            self._started[i] = now
 
     def started_at(self, i: int) -> float | None:
         """When env ``i``'s call in flight started (``time.perf_counter``).
@@ -200,7 +213,14 @@ class Backend(abc.ABC):
         return {}
 
     def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
-        self.latency.record(i, time.perf_counter() - self._started[i])
+        lag = self.lag[i]
+        if lag or self._before[i]:  # it waited for the loop or for a slot: queue wait
+            self.latency.record(
+                i, time.perf_counter() - self._started[i] - lag, self._before[i] + lag
+            )
+            self.lag[i] = self._before[i] = 0.0
+        else:
+            self.latency.record(i, time.perf_counter() - self._started[i])
         self.pending.discard(i)
         if error is None:
             self._results[i] = value

@@ -61,9 +61,14 @@ Then = Callable[[int, Any], Any]
 class Lanes:
     """One lane per env; results are reported through ``on_done``."""
 
-    def __init__(self, num_envs: int, on_done: OnDone, on_slow: OnSlow) -> None:
+    def __init__(
+        self, num_envs: int, on_done: OnDone, on_slow: OnSlow, lag: list[float] | None = None
+    ) -> None:
+        """``lag[i]`` is added the time each resumption of env ``i`` waited for its turn."""
         self._on_done = on_done
         self._on_slow = on_slow
+        self._lag = [0.0] * num_envs if lag is None else lag
+        self._turn: float | None = None  # when this loop iteration's first resumption came
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None] | None] = [None] * num_envs
         self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
@@ -191,6 +196,21 @@ class Lanes:
         coro.close()
         self._on_done(i, None, cancelled)
 
+    def _start_turn(self, now: float) -> None:
+        """The first resumption of this loop iteration came ``now``.
+
+        Lanes resumed later in the same iteration waited for the ones before
+        them (their results were ready when it began): that wait is added to
+        their ``lag``.  The iteration is over when a callback scheduled now
+        runs, after every resumption that was ready with it.
+        """
+        self._turn = now
+        assert self._loop is not None
+        self._loop.call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        self._turn = None
+
     @types.coroutine
     def _serve(self, i: int) -> Generator[Any, Any, None]:  # noqa: PLR0915  (one hot loop)
         """The lane's body: a generator, so that carrying on a call allocates nothing.
@@ -202,7 +222,7 @@ class Lanes:
         loop = self._loop
         assert loop is not None
         on_done, on_slow, clock = self._on_done, self._on_slow, time.perf_counter
-        coros, firsts, thens = self._coros, self._firsts, self._thens
+        coros, firsts, thens, lag = self._coros, self._firsts, self._thens, self._lag
         while True:
             wake = self._wakes[i]
             assert wake is not None
@@ -232,6 +252,12 @@ class Lanes:
                             except BaseException as exc:  # e.g. a cancellation: the coroutine's
                                 thrown = exc
                         start = clock()
+                        if first is not _FRESH:  # it waited: for its server, then for its turn
+                            turn = self._turn
+                            if turn is None:
+                                self._start_turn(start)
+                            else:
+                                lag[i] += start - turn
                         try:
                             first = coro.send(None) if thrown is None else coro.throw(thrown)
                         except StopIteration as stop:

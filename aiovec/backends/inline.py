@@ -70,7 +70,7 @@ class InlineBackend(Backend):
         self._any_async = any(self._is_async)
         self._flows: list[StepFlow | None] = [None] * self.num_envs
         self._actions: list[Any] = [None] * self.num_envs  # of each async env's step in flight
-        self._lanes = Lanes(self.num_envs, self._finish, self._slow)
+        self._lanes = Lanes(self.num_envs, self._finish, self._slow, self.lag)
         GC_PAUSES.install()  # a collection inside an env's stretch is not the env's doing
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
         self._operation = ""  # the name of the op launched last, for a warning
@@ -145,7 +145,7 @@ class InlineBackend(Backend):
                             coro = limited(self.limiter, object(), coro, self._queuer(i))
                         value = lanes.start(i, coro)
                         if value is PENDING:
-                            self._mark_waiting(i, since)
+                            self._mark_waiting(i, since, last)
                         else:
                             results[i] = value
                     else:
@@ -211,7 +211,7 @@ class InlineBackend(Backend):
                             coro = coroutine_of(coro)
                         value = lanes.start(i, coro, advance)
                         if value is PENDING:
-                            self._mark_waiting(i, since)
+                            self._mark_waiting(i, since, last)
                             break
                         call = flow.send(value)
                     else:
