@@ -880,7 +880,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         rows: dict[int, Any] = {}
         todo: dict[int, BaseException] = dict(failed)
         since = time.perf_counter()
-        tried = 0
+        tried = restarts = 0
         while (delay := policy.wait_before(tried, time.perf_counter() - since)) is not None:
             if tried:
                 logger.warning(
@@ -894,6 +894,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             if delay:
                 await asyncio.sleep(delay)
             tried += 1
+            restarts += len(todo)
             todo = await backend.rebuild(sorted(todo)) or {}
             rebuilt = [i for i in failed if i not in rows and i not in todo]
             reset_op = CallOp([Reset()] * len(rebuilt), "reset")
@@ -901,6 +902,13 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             rows.update((i, restarted_row(resets[i], messages[i])) for i in resets)
             todo.update(reset_errors)
             if not todo:
+                if tried > 1:  # an outage: say once that it is over
+                    logger.warning(
+                        "%s back after %.3g s (%d restarts)",
+                        _envs(sorted(failed)),
+                        time.perf_counter() - since,
+                        restarts,
+                    )
                 return rows
         down = time.perf_counter() - since
         logger.warning(
@@ -987,11 +995,18 @@ def _cancelled(error: BaseException) -> bool:
 
 
 def _envs(indices: Sequence[int]) -> str:
-    """``env 3`` or ``envs 0, 1, 2`` (the first ten) for a log line."""
+    """``env 3``, ``envs 0, 1, 2``, ``envs 0-255`` or ``40 envs`` for a log line (sorted)."""
     if len(indices) == 1:
         return f"env {indices[0]}"
-    shown = ", ".join(map(str, indices[:10]))
-    return f"envs {shown}" + (", ..." if len(indices) > 10 else "")
+    if len(indices) <= _HANDFUL:
+        return "envs " + ", ".join(map(str, indices))
+    if indices[-1] - indices[0] + 1 == len(indices):
+        return f"envs {indices[0]}-{indices[-1]}"
+    return f"{len(indices)} envs"
+
+
+_HANDFUL = 5
+"""Up to this many envs, a log line lists them; more are a range or a count."""
 
 
 def _check_name(name: object) -> str:

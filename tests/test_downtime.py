@@ -204,6 +204,9 @@ async def test_a_server_away_for_two_seconds_is_waited_for(server, caplog):
     retried = "envs 0, 1, 2: restart attempt 4 failed (ConnectionRefusedError"
     assert any(m.startswith(retried) for m in messages)
     assert not any("restart attempt 5" in m for m in messages)  # the 5th try succeeded
+    # the end of the outage is said once: 3 envs, tried 5 times each
+    assert re.fullmatch(r"envs 0, 1, 2 back after [0-9.]+ s \(15 restarts\)", messages[-1])
+    assert sum("back after" in m for m in messages) == 1
 
 
 def test_a_server_that_stays_away_is_given_up_after_max_downtime(server, caplog):
@@ -221,3 +224,18 @@ def test_a_server_that_stays_away_is_given_up_after_max_downtime(server, caplog)
     assert built == [5, 5]
     assert "giving up after 4 restart attempt(s)" in caplog.records[-1].getMessage()
     assert caplog.records[-1].getMessage().startswith("envs 0, 1: giving up")
+
+
+@pytest.mark.parametrize(
+    ("indices", "said"),
+    [
+        ([3], "env 3"),
+        ([0, 1, 2, 7, 9], "envs 0, 1, 2, 7, 9"),
+        (list(range(256)), "envs 0-255"),
+        ([*range(10), 20], "11 envs"),
+    ],
+)
+def test_log_lines_name_a_handful_of_envs_and_count_more(indices, said):
+    from aiovec._vector import _envs
+
+    assert _envs(indices) == said
