@@ -200,7 +200,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 self.restart_policy = RestartPolicy()
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
-        limiter = validate.check_max_concurrency(max_concurrency)
+        limiter = validate.check_max_concurrency(max_concurrency, backend_name)
         if isinstance(limiter, int):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
@@ -378,7 +378,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.check(VectorCall.STEP)
         per_env = self._batcher.split_actions(actions)
         reset_first = self._autoreset.plan()
-        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions)
+        timed = self.step_timeout is not None
+        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions, timed=timed)
         return self._stepped(await self._run(self._all, op, breaks=True))
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
