@@ -140,10 +140,11 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         reset_timeout: Seconds an env may take to reset (connecting often
             takes longer than a step), from its own start as for
             ``step_timeout``; ``None`` means ``step_timeout``.
-        max_concurrency: At most this many env calls in flight at once
-            (``None``: no limit), so many envs do not flood one server.  An
+        max_concurrency: At most this many env calls in flight at once, on
+            every backend (``None``: no limit), so many envs do not flood one
+            server.  On the inline and thread backends an
             ``anyio.CapacityLimiter`` may be passed instead of an int and shared
-            by several vector envs that talk to the same server.
+            by several vector envs that talk to the same server (docs/network.md).
         backend_options: Options of the backend.  ``"process"`` takes
             ``cpus``: CPU ids to pin the workers to, worker ``k`` on
             ``cpus[k % len(cpus)]`` (Linux); ``None`` never pins; ``"auto"``

@@ -173,12 +173,15 @@ def test_a_shared_limiter_is_refused_where_envs_run_in_workers(tmp_path, backend
     assert limiter.borrowed_tokens == 0
 
 
-def test_a_shared_limiter_is_still_taken_where_envs_run_in_this_process():
-    limiter = anyio.CapacityLimiter(2)
-    for backend in ("inline", "thread"):
-        venv = aiovec.AsyncioVectorEnv([SpaceEnv] * 2, backend=backend, max_concurrency=limiter)
-        venv_close = venv.close()
-        asyncio.run(venv_close)
+@pytest.mark.parametrize("backend", ["inline", "thread"])
+@pytest.mark.asyncio
+async def test_a_shared_limiter_is_still_taken_where_calls_start_in_this_process(backend):
+    limiter = anyio.CapacityLimiter(1)
+    fns = [SpaceEnv] * 2
+    async with aiovec.AsyncioVectorEnv(fns, backend=backend, max_concurrency=limiter) as venv:
+        await venv.reset(seed=0)
+        await venv.step(np.zeros(2, np.int64))
+    assert limiter.borrowed_tokens == 0
 
 
 def _hung(gate: Gate, flavour: str, index: int) -> Any:
