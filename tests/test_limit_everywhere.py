@@ -21,9 +21,10 @@ import gymnasium
 import numpy as np
 import pytest
 from conftest import HAVE_RAY, RAY_ACTORS
+from faults.scenarios import Once
 
 import aiovec
-from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, SpaceEnv
+from aiovec.testing import AsyncHangingEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
 
 N = 8
 SPACE = gymnasium.spaces.Box(-1e9, 1e9, (2,), np.float64)
@@ -269,3 +270,32 @@ def test_the_stamps_are_the_envs_own(tmp_path):
     (tmp_path / "env2.txt").write_text("2.5 2.6\n")
     assert _max_overlap(tmp_path) == (3, 4)
     assert os.path.exists(tmp_path / "env0.txt")
+
+
+def _killing_once(once: Once, spare: int) -> Any:
+    """Env 0: its first build kills its worker in its first step; a rebuilt one is healthy."""
+    env = SpaceEnv(min_len=1000, max_len=1000)
+    return KillingEnv(env, spare=spare) if once.take() else env
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.mark.timeout(60)
+@pytest.mark.asyncio
+async def test_a_dead_workers_slots_come_back(tmp_path, backend):
+    """max_concurrency=1: env 0 kills its worker; env 1 (same worker) waits for the slot.
+
+    Env 1 then fails at once as lost (it is never sent to a dead worker), envs 2
+    and 3 answer, and ``reset()`` rebuilds the worker; nothing waits for a slot
+    that a dead worker took with it.
+    """
+    fns: list[Any] = [functools.partial(_killing_once, Once(tmp_path), os.getpid())]
+    fns += [functools.partial(SpaceEnv, min_len=1000, max_len=1000)] * 3
+    kwargs = _kwargs(backend, {"num_workers": 2})
+    async with aiovec.AsyncioVectorEnv(fns, max_concurrency=1, **kwargs) as venv:
+        await venv.reset(seed=0)
+        with pytest.raises(aiovec.WorkerDiedError) as info:
+            await venv.step(np.zeros(4, np.int64))
+        assert set(info.value.errors) == {0, 1}
+        await venv.reset(seed=1)
+        for _ in range(3):
+            await venv.step(np.zeros(4, np.int64))
