@@ -52,8 +52,11 @@ class EnvError(Exception):
     """One or more envs failed during a vector call.
 
     Attributes:
-        env_index: The lowest index among the envs that failed.
-        errors: Every env that failed in that call, index -> the exception it raised.
+        env_index: The lowest index among the envs that failed of their own: an
+            env lost only because another env blocked its worker comes after
+            them (its error says "lost with its worker, blocked by env N").
+        errors: Every env that failed in that call, index -> the exception it
+            raised; ``env_index`` first, then the others in the same order.
         operation: What failed, e.g. ``"step()"``, ``"reset()"``, ``"env_fns[3]()"``.
 
     The exception of ``env_index`` is also attached as ``__cause__``.
@@ -62,7 +65,7 @@ class EnvError(Exception):
     def __init__(self, errors: Mapping[int, BaseException], operation: str = "step()") -> None:
         if not errors:
             raise ValueError("EnvError needs at least one failing env, got an empty mapping")
-        self.errors: dict[int, BaseException] = dict(sorted(errors.items()))
+        self.errors: dict[int, BaseException] = dict(sorted(errors.items(), key=_blame_order))
         self.env_index: int = next(iter(self.errors))
         self.operation = operation
         super().__init__(self._describe())
@@ -79,6 +82,27 @@ class EnvError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.errors, self.operation))
+
+
+class LostWithWorkerError(ChildProcessError):
+    """An env lost with its worker, which another env's abandoned sync call blocks.
+
+    Not a failure of the env's own: its worker runs env ``blocked_by``'s call,
+    which cannot be interrupted, and is replaced (with all its envs) by
+    ``reset()`` or a restart.  `EnvError` names the env that blocked it first.
+    """
+
+    def __init__(self, message: str, blocked_by: int) -> None:
+        super().__init__(message)
+        self.blocked_by = blocked_by
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.blocked_by))
+
+
+def _blame_order(item: tuple[int, BaseException]) -> tuple[bool, int]:
+    """Envs that failed of their own first, then those lost with a blocked worker; by index."""
+    return isinstance(item[1], LostWithWorkerError), item[0]
 
 
 class EnvTimeoutError(EnvError, TimeoutError, multiprocessing.TimeoutError):

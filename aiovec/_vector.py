@@ -140,10 +140,11 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         reset_timeout: Seconds an env may take to reset (connecting often
             takes longer than a step), from its own start as for
             ``step_timeout``; ``None`` means ``step_timeout``.
-        max_concurrency: At most this many env calls in flight at once
-            (``None``: no limit), so many envs do not flood one server.  An
+        max_concurrency: At most this many env calls in flight at once, on
+            every backend (``None``: no limit), so many envs do not flood one
+            server.  On the inline and thread backends an
             ``anyio.CapacityLimiter`` may be passed instead of an int and shared
-            by several vector envs that talk to the same server.
+            by several vector envs that talk to the same server (docs/network.md).
         backend_options: Options of the backend.  ``"process"`` takes
             ``cpus``: CPU ids to pin the workers to, worker ``k`` on
             ``cpus[k % len(cpus)]`` (Linux); ``None`` never pins; ``"auto"``
@@ -200,7 +201,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 self.restart_policy = RestartPolicy()
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
-        limiter = validate.check_max_concurrency(max_concurrency)
+        limiter = validate.check_max_concurrency(max_concurrency, backend_name)
         if isinstance(limiter, int):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
@@ -380,7 +381,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.check(VectorCall.STEP)
         per_env = self._batcher.split_actions(actions)
         reset_first = self._autoreset.plan()
-        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions)
+        timed = self.step_timeout is not None
+        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions, timed=timed)
         return self._stepped(await self._run(self._all, op, breaks=True))
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:

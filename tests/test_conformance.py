@@ -198,3 +198,18 @@ def test_space_env_keeps_the_space_it_is_given(space):
     env = SpaceEnv(space, space)
     assert env.observation_space == space
     assert env.action_space == space
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+def test_max_concurrency_changes_no_result(make_lockstep, mode, limit):
+    """Envs that wait for a slot (every backend hands them out) give the oracle's results."""
+    fns = space_env_fns(NUM_ENVS, "dict-tuple", min_len=1, max_len=4)
+    lock = make_lockstep(fns, autoreset_mode=mode, action_seed=17, max_concurrency=limit)
+    lock.reset(seed=123)
+    ends = drive(lock, 8, mode)
+    lock.reset(seed=[5, 900, 31])
+    ends += drive(lock, 6, mode, reset_seed=[None, 2, None])
+    lock.call("add", 1, b=2)
+    lock.get_attr("tag")
+    assert ends > 0, "the scenario must include episode ends"

@@ -28,6 +28,8 @@ class StepOp(NamedTuple):
     order of the op's envs: a process backend copies it into shared memory at
     once instead of sending ``actions`` one by one.  ``stream``: the results
     are wanted env by env, as each finishes (``send()``), not all at once.
+    ``timed``: a ``step_timeout`` applies, so a worker publishes the envs it
+    has finished before a deadline can pass them by, even in a whole step.
     """
 
     mode: AutoresetMode
@@ -36,6 +38,7 @@ class StepOp(NamedTuple):
     name: str = "step"
     batch: Any = None
     stream: bool = False
+    timed: bool = False
 
     def subset(self, positions: Sequence[int]) -> StepOp:
         """The same op restricted to some of its envs (by position)."""
@@ -47,6 +50,7 @@ class StepOp(NamedTuple):
                 self.reset_first[part],
                 self.name,
                 stream=self.stream,
+                timed=self.timed,
             )
         return StepOp(
             self.mode,
@@ -54,6 +58,7 @@ class StepOp(NamedTuple):
             [self.reset_first[k] for k in positions],
             self.name,
             stream=self.stream,
+            timed=self.timed,
         )
 
 

@@ -24,6 +24,7 @@ __all__ = (
     "FLAG_TYPES",
     "ON_ERROR",
     "REWARD_TYPES",
+    "SHARED_LIMITER_BACKENDS",
     "action_checker",
     "check_actions",
     "check_autoreset_mode",
@@ -45,6 +46,8 @@ __all__ = (
 )
 
 BACKENDS = ("inline", "thread", "process", "ray")
+SHARED_LIMITER_BACKENDS = ("inline", "thread")
+"""The backends that may take a shared ``anyio.CapacityLimiter`` as ``max_concurrency``."""
 ON_ERROR = ("raise", "restart")
 
 
@@ -289,14 +292,26 @@ def check_min_envs(min_envs: object, in_flight: int) -> int:
     return int(min_envs)
 
 
-def check_max_concurrency(value: object) -> Any:
+def check_max_concurrency(value: object, backend: str = "inline") -> Any:
     """``max_concurrency``: ``None``, an int >= 1, or a limiter (``anyio.CapacityLimiter``).
 
-    Returns the int, or the limiter as it is; the caller makes a limiter of an int.
+    A limiter (which may be shared by several vector envs) only where the envs'
+    calls start in this process (`SHARED_LIMITER_BACKENDS`): a worker process
+    or a Ray actor cannot take a token from it.  Returns the int, or the
+    limiter as it is; the caller makes a limiter of an int.
     """
     if value is None:
         return None
     if hasattr(value, "acquire_on_behalf_of_nowait") and hasattr(value, "release_on_behalf_of"):
+        if backend not in SHARED_LIMITER_BACKENDS:
+            raise ValueError(
+                f"max_concurrency cannot be a shared {type(value).__name__} with "
+                f"backend={backend!r}: its limit holds in this process only, and the "
+                f"{backend} backend's envs run in workers of their own; pass an int "
+                "instead (max_concurrency=K: at most K env calls at once across this "
+                "vector env's workers), or use backend 'inline' or 'thread' to share a "
+                "limiter between vector envs"
+            )
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import operator
 import time
 from bisect import bisect_left
@@ -57,11 +58,12 @@ from typing import Any, ClassVar
 import anyio
 
 from aiovec._core.calls import CLOSE
-from aiovec._core.ops import CallOp, Op
+from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.rows import Rows, StepBlock
-from aiovec._errors import EnvError, WorkerDiedError
+from aiovec._errors import EnvError, LostWithWorkerError, WorkerDiedError
 from aiovec._log import logger
 from aiovec.backends._base import Backend, EnvTraits, check_rebuilt_spaces
+from aiovec.backends._limit import Slots
 from aiovec.backends._messages import Failed, Outcome, Ready, RebuildReply, StepReply
 
 __all__ = (
@@ -112,9 +114,15 @@ def close_op(count: int) -> CallOp:
 
 
 class Request:
-    """A request in flight: its worker, its envs, its call, when it started; or a control future."""
+    """A request in flight: its worker, its envs, its call, when it started; or a control future.
 
-    __slots__ = ("envs", "future", "name", "partial", "seq", "since", "worker")
+    A whole step that a sync env may block (`GroupedBackend.track`) *holds*
+    the parts its worker publishes early (``held``; their envs in ``done``)
+    until its last part: should the worker be blocked before then, its
+    finished envs are lost with it.
+    """
+
+    __slots__ = ("done", "envs", "future", "held", "name", "partial", "seq", "since", "worker")
 
     def __init__(
         self,
@@ -130,6 +138,8 @@ class Request:
         self.name = name
         self.seq = seq  # its number, where the worker needs it (a Ray actor's cancel)
         self.partial = False  # some of its envs were cancelled, or delivered apart
+        self.held: list[StepReply] | None = None  # parts held back (None: delivered as they come)
+        self.done: set[int] = set()  # the envs of the held parts
 
 
 class GroupedBackend(Backend):
@@ -156,6 +166,9 @@ class GroupedBackend(Backend):
         """Configure the transport, start one worker per group, learn the envs' traits."""
         super().__init__(env_fns, num_workers, limiter, options)
         self._fns = list(env_fns)
+        # max_concurrency: an env's call is sent once it holds a slot (`_dispatch`)
+        self._slots = None if limiter is None else Slots(limiter, self._dispatch, self._queue)
+        self._ops: dict[int, tuple[Op, int]] = {}  # env waiting for a slot -> (its op, position)
         self.workers = []
         count = self.configure(num_workers, dict(options or {}))
         self.set_groups(split(self.num_envs, min(count, self.num_envs)))
@@ -229,8 +242,15 @@ class GroupedBackend(Backend):
     # -- calls -------------------------------------------------------------------------
 
     def launch(self, indices: Sequence[int], op: Op) -> None:
-        """Make one request per worker hosting some of ``indices``; returns at once."""
+        """Make one request per worker hosting some of ``indices``; returns at once.
+
+        Under ``max_concurrency`` each env's call is sent once it holds a slot
+        (`_launch_limited`).
+        """
         since = time.perf_counter()
+        if self._slots is not None:
+            self._launch_limited(indices, op, since)
+            return
         self.pending.update(indices)
         if indices == self.all and not self._lost and not self.blocked:  # every whole group
             if self.launch_whole(op, since):
@@ -243,6 +263,81 @@ class GroupedBackend(Backend):
             self._started[i] = since
         for w, envs, positions in self.parts(indices):
             self.request(self.workers[w], envs, self.part_of(op, positions), since)
+
+    def _launch_limited(self, indices: Sequence[int], op: Op, since: float) -> None:
+        """Ask a slot for each env of ``indices``; those that get one are sent at once.
+
+        Slots go to the workers in turn (the first env of each, then the
+        second, ...), so that K slots keep up to K workers busy.  An env that
+        must wait is queued (`Backend._queue`): its clock starts with its slot.
+        """
+        assert self._slots is not None
+        self.pending.update(indices)
+        ops, started, owner = self._ops, self._started, self.owner
+        turn: dict[int, int] = {}
+        order = []
+        for k, i in enumerate(indices):
+            started[i] = since
+            ops[i] = (op, k)
+            w = owner[i]
+            n = turn[w] = turn.get(w, -1) + 1
+            order.append((n, w, i))
+        order.sort()
+        self._slots.request([i for _, _, i in order])
+
+    def _dispatch(self, envs: list[int]) -> None:
+        """Send the calls of ``envs``, which got their slots together: a request per worker."""
+        since = time.perf_counter()
+        by_op: dict[int, tuple[Op, list[tuple[int, int]]]] = {}
+        for i in envs:
+            op, k = self._ops.pop(i)
+            by_op.setdefault(id(op), (op, []))[1].append((i, k))
+        for op, pairs in by_op.values():
+            pairs.sort()
+            indices = [i for i, _ in pairs]
+            part = op.subset([k for _, k in pairs])
+            for w, group_envs, positions in self.parts(indices):
+                self.request(self.workers[w], group_envs, self.part_of(part, positions), since)
+
+    def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
+        super()._finish(i, value, error)
+        if self._slots is not None:
+            self._slots.release(i)
+
+    def _finish_block(self, block: StepBlock, since: float) -> None:
+        super()._finish_block(block, since)
+        slots = self._slots
+        if slots is not None:
+            with slots.deferred():
+                for i in block.envs:
+                    slots.release(i)
+
+    def started_at(self, i: int) -> float | None:
+        """As `Backend.started_at`; ``None`` too once env ``i`` is done, its result held back."""
+        request = self.waiting_on[i]
+        if request is not None and request.done and i in request.done:
+            return None
+        return super().started_at(i)
+
+    def track(
+        self, worker: Any, envs: Sequence[int], since: float, op: Op, seq: int = 0
+    ) -> Request:
+        """A new request of ``op`` for ``envs`` on ``worker``; a whole step with a sync env holds.
+
+        Its finished envs' results are held back until its last part
+        (`deliver_step`): a sync env may yet block their worker, which would
+        then be replaced, with them.
+        """
+        request = Request(worker, envs, since, name=op.name, seq=seq)
+        if type(op) is StepOp and not op.stream:
+            asyncs = self.asyncs
+            if isinstance(envs, range):
+                sync = False in asyncs[envs.start : envs.stop]
+            else:
+                sync = not all(asyncs[i] for i in envs)
+            if sync:
+                request.held = []
+        return request
 
     def part_of(self, op: Op, positions: list[int]) -> Op:
         """The part of ``op`` for its envs at ``positions`` (a transport may need less)."""
@@ -300,7 +395,7 @@ class GroupedBackend(Backend):
         if not lost:
             return
         died = ChildProcessError(
-            f"the worker hosting env(s) {lost} died; their envs are gone "
+            f"the worker hosting env(s) {lost} died (or was replaced); their envs are gone "
             "(reset() or on_error='restart' rebuilds them on a new worker)"
         )
         self._fail_gone(lost, died)
@@ -357,25 +452,85 @@ class GroupedBackend(Backend):
         """Abandon the calls in flight (of ``indices``, or all).
 
         An async env's call is cancelled in its worker (where the transport can);
-        a sync env's runs to its end and blocks its worker until then.
+        a sync env's runs to its end and blocks its worker until then.  The
+        envs that worker can no longer answer for (those that wait behind the
+        blocking call, and those whose results it held back) are lost with it,
+        each with a `LostWithWorkerError` error naming the env that blocks it.
         """
+        targets = sorted(self.pending if indices is None else self.pending.intersection(indices))
+        slots = self._slots
+        if slots is None:
+            self._abandon(targets)
+            return
+        slots.forget(targets)  # a queued env is not sent now only to be cancelled
+        with slots.deferred():
+            self._abandon(targets)
+
+    def _abandon(self, targets: list[int]) -> None:
         interrupt: dict[int, list[int]] = {}
-        blocking: dict[int, tuple[str, list[int]]] = {}  # worker -> its abandoned sync call
-        for i in sorted(self.pending if indices is None else self.pending.intersection(indices)):
+        lost = self._block_workers(targets)
+        for i in targets:
+            if i in lost:
+                continue
             request, self.waiting_on[i] = self.waiting_on[i], None
-            if request is not None:
+            if request is not None and not (request.done and i in request.done):
                 self.stuck[i] = request
                 request.partial = True
                 w = self.owner[i]
                 if self.INTERRUPTS and self.asyncs[i]:
                     interrupt.setdefault(w, []).append(i - self.groups[w].start)
-                elif w not in self.blocked:
-                    blocking.setdefault(w, (request.name, []))[1].append(i)
             self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
-        for w, (name, envs) in blocking.items():
-            self.blocked[w] = f"the {name}() call of env(s) {envs}"
+        for i, error in lost.items():
+            self._finish(i, None, error)
         for w, locals_ in interrupt.items():
             self.interrupt(self.workers[w], locals_)
+
+    def _block_workers(self, targets: list[int]) -> dict[int, BaseException]:
+        """Mark the workers that an abandoned sync call of ``targets`` blocks; the envs lost.
+
+        The blocking env of a worker is the first of its sync envs abandoned
+        in the order the worker runs them; every other env waiting on that
+        worker (not an async one, which the worker interrupts) is lost with
+        it: its call is abandoned too (its late outcome will be dropped), and
+        a result held back is dropped now.
+        """
+        blockers: dict[int, tuple[tuple[float, int], int, Request]] = {}
+        for i in targets:
+            request = self.waiting_on[i]
+            w = self.owner[i]
+            if (
+                request is None
+                or (request.done and i in request.done)
+                or (self.INTERRUPTS and self.asyncs[i])
+                or w in self.blocked
+            ):
+                continue
+            key = (request.since, request.envs.index(i))
+            if w not in blockers or key < blockers[w][0]:
+                blockers[w] = (key, i, request)
+        lost: dict[int, BaseException] = {}
+        for w, (_, b, request) in blockers.items():
+            worker = self.workers[w]
+            self.blocked[w] = f"the {request.name}() call of env {b}"
+            for i in self.groups[w]:
+                on = self.waiting_on[i]
+                if i == b or on is None or on.worker is not worker:
+                    continue
+                held = bool(on.done) and i in on.done
+                if not held and self.INTERRUPTS and self.asyncs[i]:
+                    continue
+                self.waiting_on[i] = None
+                on.partial = True
+                if not held:
+                    self.stuck[i] = on
+                lost[i] = LostWithWorkerError(
+                    f"env {i} was lost with its worker, blocked by env {b}: the "
+                    f"{worker.describe()} still runs env {b}'s {request.name}() call, "
+                    "abandoned (a sync env cannot be interrupted); reset() or "
+                    "on_error='restart' replaces the worker",
+                    b,
+                )
+        return lost
 
     def interrupt(self, worker: Any, locals_: list[int]) -> None:
         """Cancel the calls in flight of the async envs ``locals_`` in ``worker``."""
@@ -396,15 +551,36 @@ class GroupedBackend(Backend):
     def deliver_calls(self, request: Request, outcomes: list[Outcome]) -> None:
         """A call's reply: each waiting env's outcome."""
         waiting = set(self.waiting(request))
-        for i, (value, error) in zip(request.envs, outcomes, strict=True):
-            if i in waiting:
-                self._finish(i, value, error)
+        slots = self._slots
+        with contextlib.nullcontext() if slots is None else slots.deferred():
+            for i, (value, error) in zip(request.envs, outcomes, strict=True):
+                if i in waiting:
+                    self._finish(i, value, error)
 
     def deliver_step(self, request: Request, reply: StepReply) -> None:
         """A step's reply: errors and odd transitions one by one, the rest as one block.
 
-        A part of a streamed request (``reply.envs``) delivers only its envs.
+        A part of a streamed request (``reply.envs``) delivers only its envs;
+        one of a request that holds (`track`) waits for the request's last part.
         """
+        held = request.held
+        if held is not None:
+            if reply.envs is not None:
+                held.append(reply)
+                first = request.worker.group.start
+                request.done.update(first + j for j in reply.envs)
+                return
+            request.held = None
+            request.done = set()
+            slots = self._slots
+            if held or slots is not None:
+                with contextlib.nullcontext() if slots is None else slots.deferred():
+                    for part in (*held, reply):
+                        self._deliver_part(request, part)
+                return
+        self._deliver_part(request, reply)
+
+    def _deliver_part(self, request: Request, reply: StepReply) -> None:
         errors, infos, finals, odd, _, part = reply
         first = request.worker.group.start
         waiting = self.waiting(request, None if part is None else [first + j for j in part])
@@ -447,8 +623,21 @@ class GroupedBackend(Backend):
         self.fail_waiting(worker, cause)
 
     def fail_waiting(self, worker: Any, cause: ChildProcessError) -> None:
-        """Fail the envs waiting on ``worker`` (not on a worker that replaced it)."""
+        """Fail the envs waiting on ``worker`` (not on a worker that replaced it).
+
+        Results it held back are delivered first: those envs finished before
+        it died (they are lost with it, and their next call says so).
+        """
         waiting_on = self.waiting_on
+        holding = {
+            id(r): r
+            for i in worker.group
+            if (r := waiting_on[i]) is not None and r.held and r.worker is worker
+        }
+        for request in holding.values():
+            held, request.held, request.done = request.held, None, set()
+            for part in held or ():
+                self._deliver_part(request, part)
         waiting = [
             i for i in worker.group if (r := waiting_on[i]) is not None and r.worker is worker
         ]
@@ -503,6 +692,8 @@ class GroupedBackend(Backend):
             self.workers[w].describe(),
             envs,
         )
+        if w in self.blocked:  # its other envs go with it: lost until rebuilt too
+            self._lost.update(self.groups[w])
         traits = await self.replace(w)
         want = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
         for i in envs:

@@ -6,17 +6,22 @@ eager) and otherwise waits for one; the time it spends queued counts neither
 for its deadline nor for its latency, and it gives the token back when it
 has finished.  This module is the only place that touches a limiter: inline
 wraps a call's coroutine in `limited`; the thread backend, whose calls run on
-threads, takes and gives back tokens around each job with the functions below.
+threads, takes and gives back tokens around each job with the functions below;
+a backend whose envs live in workers (process, Ray) hands out `Slots`: the
+parent takes a token for an env before it sends the env's call to its worker,
+and gives it back when the env's outcome has come.  A limiter cannot cross
+processes, so there it is the vector env's own (an int ``max_concurrency``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
 import anyio
 
-__all__ = ("give_back", "limited", "take_now", "take_waiting")
+__all__ = ("Slots", "give_back", "limited", "take_now", "take_waiting")
 
 
 def take_now(limiter: anyio.CapacityLimiter, token: object) -> bool:
@@ -74,3 +79,106 @@ async def limited(
         return await coro
     finally:
         give_back(limiter, token)
+
+
+class Slots:
+    """``max_concurrency`` for envs hosted in workers: the parent hands each env's call a slot.
+
+    An env's call is sent to its worker only once it holds one of the
+    limiter's tokens; the token comes back with the env's outcome (`release`).
+    Envs that find none free wait in order (`request`), and get one as others
+    come back, without a task: the limiter is this vector env's own (never
+    shared), so a token only frees up when this object gives one back.
+
+    Args:
+        limiter: The vector env's own limiter.
+        start: Called with the envs that got their slots together (in the order
+            they asked): their calls may be sent now.
+        queue: ``queue(i, True)`` when env ``i`` must wait for a slot,
+            ``queue(i, False)`` when its wait is over (it got one, or gave up):
+            the backend's clock for the env starts then (`Backend._queue`).
+    """
+
+    def __init__(
+        self,
+        limiter: anyio.CapacityLimiter,
+        start: Callable[[list[int]], None],
+        queue: Callable[[int, bool], None],
+    ) -> None:
+        self._limiter = limiter
+        self._start, self._queue = start, queue
+        self._held: dict[int, object] = {}  # env -> the token its call holds
+        self._waiting: dict[int, bool] = {}  # envs waiting, in order -> marked queued
+        self._admitting = False
+
+    def request(self, envs: Sequence[int]) -> None:
+        """``envs`` (none holding or waiting for a slot) want one, in this order."""
+        waiting = self._waiting
+        for i in envs:
+            waiting[i] = False
+        self._admit()
+        for i in envs:
+            if waiting.get(i) is False:
+                waiting[i] = True
+                self._queue(i, True)
+
+    def release(self, i: int) -> None:
+        """Env ``i``'s call is over: its slot comes back (or it no longer waits for one)."""
+        token = self._held.pop(i, None)
+        if token is not None:
+            give_back(self._limiter, token)
+            if self._waiting:
+                self._admit()
+        elif i in self._waiting:
+            self._drop(i)
+
+    def forget(self, envs: Iterable[int]) -> None:
+        """Those of ``envs`` waiting for a slot wait no more (their calls are abandoned)."""
+        for i in envs:
+            if i in self._waiting:
+                self._drop(i)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Meanwhile slots come back but no call starts; then those that can start, together."""
+        if self._admitting:  # deferred already
+            yield
+            return
+        self._admitting = True
+        try:
+            yield
+        finally:
+            self._admitting = False
+            if self._waiting:
+                self._admit()
+
+    def _drop(self, i: int) -> None:
+        if self._waiting.pop(i):
+            self._queue(i, False)
+
+    def _admit(self) -> None:
+        """Give free slots to the envs waiting, in order; start each batch's calls.
+
+        Starting a call may end it at once (its worker is lost), giving its slot
+        back: the loop goes on rather than recursing.
+        """
+        if self._admitting:
+            return
+        self._admitting = True
+        try:
+            while self._waiting:
+                batch: list[int] = []
+                for i in self._waiting:
+                    token = object()
+                    if not take_now(self._limiter, token):
+                        break
+                    self._held[i] = token
+                    batch.append(i)
+                if not batch:
+                    return
+                for i in batch:
+                    if self._waiting.pop(i):
+                        self._queue(i, False)
+                self._start(batch)
+        finally:
+            self._admitting = False

@@ -11,7 +11,9 @@ Requests:
   ``reset_first`` or ``actions`` means "read them from the shared step rows".
   Answered by a `StepReply`; a *streamed* request (``stream``, from ``send()``)
   by several, each covering the envs that finished since the last
-  (``StepReply.envs``), the last one covering the rest.
+  (``StepReply.envs``), the last one covering the rest; so is a *timed* one
+  (``timed``: a whole step under ``step_timeout``), whose run of sync envs
+  publishes what it finished every `FLUSH_AFTER` seconds.
 - `Cancel`: cancel whatever those envs are running (an async env's task is
   cancelled; a sync env cannot be interrupted).  No reply of its own: the
   cancelled call's reply carries the envs' ``CancelledError``.
@@ -78,6 +80,7 @@ class StepRequest(NamedTuple):
     reset_first: Sequence[bool] | None
     actions: Sequence[Any] | None
     stream: bool = False  # publish each env's result as soon as it is done
+    timed: bool = False  # a deadline applies: publish finished envs (a run of sync envs) early
 
 
 class Cancel(NamedTuple):
@@ -195,7 +198,8 @@ MODES = tuple(mode.value for mode in AutoresetMode)  # by code
 _MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
 # The fields of each frame, named once: the payload's, then framed at once (the
 # length header, as `_wire.frame` writes it, then the payload).
-_LEAN_STEP = struct.Struct("!BqBB")  # LEAN, seq, the autoreset mode's code, stream
+_LEAN_STEP = struct.Struct("!BqBB")  # LEAN, seq, the autoreset mode's code, flags
+_STREAM, _TIMED = 1, 2  # the flags
 _LEAN_REPLY = struct.Struct("!Bq")  # LEAN, seq
 _LEAN_STEP_FRAMED = struct.Struct("!i" + _LEAN_STEP.format[1:])
 _LEAN_REPLY_FRAMED = struct.Struct("!i" + _LEAN_REPLY.format[1:])
@@ -204,23 +208,25 @@ _LEAN_REPLY_FRAMED = struct.Struct("!i" + _LEAN_REPLY.format[1:])
 class LeanStep(NamedTuple):
     """Step every env of the group, its actions and reset flags read from the shared rows.
 
-    ``stream``: as `StepRequest`'s.
+    ``stream`` and ``timed``: as `StepRequest`'s.
     """
 
     seq: int
     mode: str
     stream: bool = False
+    timed: bool = False
 
     @staticmethod
-    def frame(seq: int, mode: str, stream: bool = False) -> bytes:
-        """The request ``LeanStep(seq, mode, stream)``, framed (no tuple made: a hot path)."""
-        return _LEAN_STEP_FRAMED.pack(_LEAN_STEP.size, LEAN, seq, _MODE_CODES[mode], stream)
+    def frame(seq: int, mode: str, stream: bool = False, timed: bool = False) -> bytes:
+        """The request ``LeanStep(seq, mode, stream, timed)``, framed (no tuple: a hot path)."""
+        flags = (_STREAM if stream else 0) | (_TIMED if timed else 0)
+        return _LEAN_STEP_FRAMED.pack(_LEAN_STEP.size, LEAN, seq, _MODE_CODES[mode], flags)
 
     @classmethod
     def parse(cls, payload: bytes) -> LeanStep:
         """The request of a framed payload (its length header cut off)."""
-        _, seq, mode, stream = _LEAN_STEP.unpack(payload)
-        return cls(seq, MODES[mode], bool(stream))
+        _, seq, mode, flags = _LEAN_STEP.unpack(payload)
+        return cls(seq, MODES[mode], bool(flags & _STREAM), bool(flags & _TIMED))
 
 
 class LeanReply(NamedTuple):

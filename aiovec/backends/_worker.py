@@ -19,9 +19,11 @@ while the worker reads the next requests: a `Cancel` cancels an env's task, and
 the worker's other envs go on.  Sync envs run one after another, never
 interrupted.  A request whose envs are all sync and whose results are wanted
 together is answered once, as before; others are *jobs* (`_Job`) answered as
-their envs end: a streamed step (``send()``) publishes each env's result as
-soon as it is done (envs done together share a message; a run of sync envs
-publishes at its end, or every `FLUSH_AFTER` seconds by a timer).  Errors
+their envs end: a streamed step (``send()``), and a whole step under a
+``step_timeout`` (*timed*), publishes each env's result as soon as it is done
+(envs done together share a message; a run of sync envs publishes at its end,
+or every `FLUSH_AFTER` seconds by a timer), so that the parent can tell, at a
+deadline, which env its worker still runs.  Errors
 travel as values; one that does not survive pickling is replaced by a
 ``RuntimeError`` carrying its repr.  The worker ignores SIGINT (Ctrl-C is the
 parent's to handle, and the parent reaps its workers) and exits when its
@@ -107,7 +109,7 @@ FLUSH_AFTER = 0.001
 """Seconds a finished env's result may wait to share a message with others.
 
 Async envs' results that finish within this of each other go in one message.
-In a streamed request (``send()``) a worker publishes its sync envs' results
+In a streamed or timed request a worker publishes its sync envs' results
 at the end of each run of sync envs, in one message; if that run goes on for
 longer than this, a timer (``SIGALRM``) publishes what has finished so far,
 so that a slow env never holds back the results before it for long.  A
@@ -220,8 +222,10 @@ class Group:
                 return
             for payload in frames.feed(data):
                 if payload[0] == LEAN:
-                    seq, mode, stream = LeanStep.parse(payload)
-                    self._step(seq, range(len(self.envs)), mode, None, None, stream, lean=True)
+                    seq, mode, stream, timed = LeanStep.parse(payload)
+                    self._step(
+                        seq, range(len(self.envs)), mode, None, None, stream, timed, lean=True
+                    )
                     continue
                 request = pickle.loads(payload)
                 kind = type(request)
@@ -281,24 +285,25 @@ class Group:
         reset_first: Sequence[bool] | None,
         actions: Sequence[Any] | None,
         stream: bool,
+        timed: bool = False,
         *,
         lean: bool = False,
     ) -> Iterator[None]:
         """Run a step as a job: async envs as tasks, then sync envs, one per iteration.
 
-        Where no timer can cut a run of sync envs (a Ray actor, whose calls do
-        not run on the main thread), a streamed step publishes each sync env's
-        result as it ends, and pauses there (it yields) so that the caller can
-        send that part on before the next sync env starts.  A request of sync
-        envs only, not streamed, is stepped at once and answered once (the lean
+        A streamed or timed step publishes its run of sync envs as it goes (a
+        timer cuts it every `FLUSH_AFTER` seconds), so that neither a slow env
+        nor a deadline holds back the results before it.  Where no timer can
+        cut a run of sync envs (a Ray actor, whose calls do not run on the main
+        thread), each sync env's result is published as it ends, and the job
+        pauses there (it yields) so that the caller can send that part on
+        before the next sync env starts.  A request of sync envs only, neither
+        streamed nor timed, is stepped at once and answered once (the lean
         reply when every result went to the rows).
         """
-        if not stream and not self.any_async(locals_):
-            reply = self.step(locals_, mode, reset_first, actions)
-            if lean and not any(reply):  # nothing to tell beyond the rows
-                write_all(self.out, LeanReply.frame(seq))
-            else:
-                _send(self.out, Reply(seq, reply))
+        publish = stream or timed
+        if not publish and not self.any_async(locals_):
+            self._answer_once(seq, self.step(locals_, mode, reset_first, actions), lean=lean)
             return
         if actions is None:
             actions = self._shared_actions(locals_)
@@ -322,8 +327,8 @@ class Group:
                 coro = self._async_step(j, mode, reset_first[k], actions[k])
                 self._start(job, k, j, _after(before, coro))
         if later:
-            self._burst = job if stream and len(later) > 1 and self.timed else None
-            each = stream and not self.timed  # no timer (a Ray actor): publish env by env
+            self._burst = job if publish and len(later) > 1 and self.timed else None
+            each = publish and not self.timed  # no timer (a Ray actor): publish env by env
             try:
                 for k in later:
                     j = locals_[k]
@@ -347,6 +352,13 @@ class Group:
             if job.left and (job.stepped or job.errors):  # async envs still to run: publish
                 self._publish(job, last=False)
         self._progress(job)
+
+    def _answer_once(self, seq: int, reply: StepReply, *, lean: bool) -> None:
+        """Answer a step at once (the lean reply when the rows say it all)."""
+        if lean and not any(reply):  # nothing to tell beyond the rows
+            write_all(self.out, LeanReply.frame(seq))
+        else:
+            _send(self.out, Reply(seq, reply))
 
     def any_async(self, locals_: Sequence[int]) -> bool:
         """Whether any env of ``locals_`` is async."""

@@ -206,7 +206,8 @@ class ProcessBackend(GroupedBackend):
     Args:
         env_fns: The env factories.
         num_workers: How many worker processes (default: one per usable CPU).
-        limiter: Not applied (each worker runs one env call at a time).
+        limiter: ``max_concurrency`` (this vector env's own): an env's call is
+            sent to its worker once it holds a slot (`GroupedBackend.launch`).
         options: ``{"cpus": [...]}`` pins worker ``k`` to CPU
             ``cpus[k % len(cpus)]`` (Linux); ``None`` lets the OS place every
             worker; ``"auto"`` (the default) pins them when there is one
@@ -537,10 +538,11 @@ class ProcessBackend(GroupedBackend):
         for worker in self.workers:
             self._seq += 1
             seq = self._seq
-            out.append((worker, seq, LeanStep.frame(seq, mode), LeanReply.frame(seq)))
+            data = LeanStep.frame(seq, mode, timed=op.timed)
+            out.append((worker, seq, data, LeanReply.frame(seq)))
         for worker, seq, data, clean in out:  # each in flight once written (see `_written`)
             died = not self._try_post(worker, data)
-            self._requests[seq] = Request(worker, worker.group, since)
+            self._requests[seq] = self.track(worker, worker.group, since, op)
             self._lean.append((worker, seq, clean))
             if died:  # its sentinel may not have woken the loop yet
                 self._on_exit(worker)
@@ -559,6 +561,7 @@ class ProcessBackend(GroupedBackend):
         self._in_buffer = (
             isinstance(op, StepOp)
             and op.stream
+            and self._slots is None  # a call waiting for a slot is sent on its own
             and self._fill_actions is not None
             and op.batch is not None
             and self._stream_into_buffer(indices, op)
@@ -598,10 +601,10 @@ class ProcessBackend(GroupedBackend):
                 else:
                     message = StepRequest(seq, locals_, op.mode.value, None, None, True)
                     data = frame(pickle.dumps(message, _PROTOCOL))
-                self._written(seq, Request(worker, envs, since, name=op.name), data)
+                self._written(seq, self.track(worker, envs, since, op), data)
                 return
             message = StepRequest(
-                seq, locals_, op.mode.value, op.reset_first, op.actions, op.stream
+                seq, locals_, op.mode.value, op.reset_first, op.actions, op.stream, op.timed
             )
         else:
             assert isinstance(op, CallOp)
@@ -614,7 +617,7 @@ class ProcessBackend(GroupedBackend):
         except Exception as exc:
             self.unsendable(envs, op, exc)
             return
-        self._written(seq, Request(worker, envs, since, name=op.name), frame(data))
+        self._written(seq, self.track(worker, envs, since, op), frame(data))
 
     def _written(self, seq: int, request: Request, data: bytes) -> None:
         """Write request ``seq`` (framed ``data``); only then is it in flight, its envs waiting.
@@ -800,14 +803,17 @@ class ProcessBackend(GroupedBackend):
     def _awaited(self) -> Sequence[_Worker]:
         """The workers whose replies a blocking wait listens to.
 
-        When every outcome in flight is wanted (a whole step), only the newest
+        When every outcome in flight is wanted (a whole step, whose envs do not
+        wait for ``max_concurrency`` slots as others come back), only the newest
         request's worker: it was started last and usually ends last, and the
         others' replies are read once it has answered.  One wake-up per step,
         not one per worker: a parent woken early runs on some worker's core
         while that worker still steps its envs.
         """
-        if self._requests and self._wanted >= (
-            len(self.pending) + len(self._results) + len(self._errors)
+        if (
+            self._requests
+            and self._slots is None
+            and self._wanted >= (len(self.pending) + len(self._results) + len(self._errors))
         ):
             request = self._requests[next(reversed(self._requests))]
             if request.future is None and not request.partial and request.worker.alive:

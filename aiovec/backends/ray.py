@@ -16,8 +16,11 @@ run), and the calls of its async envs run as tasks on that loop, so that a
 `_GroupActor.cancel` (a timeout, a Ctrl-C, ``close()``) can cancel one env's
 call while the others go on.  Each call carries the parent's request number:
 a cancel that overtakes its call is kept until the call starts.  A whole step
-or a call is answered once, for all its envs; a streamed step (``send()``) in
-parts, as they end.
+or a call is answered once, for all its envs; a streamed step (``send()``),
+and a whole step under a ``step_timeout``, in parts, as they end (a whole
+step's parent holds its sync envs' parts until the last: see
+`GroupedBackend.track`), so that a deadline blames the env that did not answer
+and keeps the results of those that did.
 
 ``launch`` makes one remote call per actor hosting some of the envs, and turns
 each returned object ref into an asyncio future (``ObjectRef.future`` through
@@ -213,7 +216,7 @@ class _GroupActor:
         """A whole step: one reply, whatever the order its envs finish in."""
         group = self.group
         assert group is not None
-        seq, locals_, mode, reset_first, actions, _ = request
+        seq, locals_, mode, reset_first, actions, *_ = request
         if not group.any_async(locals_):
             reply = await _drive(group.step_flow(locals_, mode, reset_first, actions))
             return reply._replace(rows=self.raw)
@@ -410,8 +413,8 @@ class RayBackend(GroupedBackend):
     Args:
         env_fns: The env factories (cloudpickled to the actors).
         num_workers: How many actors (default: one per CPU of the cluster).
-        limiter: Not used: each actor runs its group's calls itself, as a process
-            worker does.
+        limiter: ``max_concurrency`` (this vector env's own): an env's call is
+            sent to its actor once it holds a slot (`GroupedBackend.launch`).
         options: Ray actor options for every actor (`ACTOR_OPTIONS`), and an
             `ActorPool` to take actors from and give them back to
             (``"actor_pool"``).
@@ -543,12 +546,12 @@ class RayBackend(GroupedBackend):
         self._seq += 1
         seq = self._seq
         try:
-            if isinstance(op, StepOp) and op.stream:  # send(): its parts as envs finish
+            if isinstance(op, StepOp) and (op.stream or op.timed):  # its parts as envs finish
                 message = StepRequest(
                     seq, locals_, op.mode.value, list(op.reset_first), list(op.actions), True
                 )
                 parts = worker.handle.step_stream.options(num_returns="streaming").remote(message)
-                request = Request(worker, envs, since, name=op.name, seq=seq)
+                request = self.track(worker, envs, since, op, seq)
                 self.wait_on(request, envs)
                 task = asyncio.get_running_loop().create_task(self._stream(request, parts))
                 self._streams.add(task)
@@ -564,7 +567,7 @@ class RayBackend(GroupedBackend):
         except Exception as exc:  # e.g. an argument that cannot be serialised
             self.unsendable(envs, op, exc)
             return
-        request = Request(worker, envs, since, name=op.name, seq=seq)
+        request = self.track(worker, envs, since, op, seq)
         self.wait_on(request, envs)
         future = _future(ref)
         future.add_done_callback(functools.partial(self._deliver, request))

@@ -145,6 +145,11 @@ class Fault:
         lengths: Episode lengths of every env.
         whole_worker: On a group backend the worker's other envs fail too (not
             where a process worker runs the faulty env as an async task).
+        blocks: A hang: the step blames the faulty env (``env_index``).  On a
+            group backend a sync env blocks its worker, and the worker's other
+            envs are lost with it (`LostWithWorkerError`); an async env is
+            cancelled in its worker, which goes on: its other envs keep their
+            results.
         timeout: Needs ``step_timeout``.
         bug: Why aiovec does not yet handle it (the tests are strict xfails).
     """
@@ -159,6 +164,7 @@ class Fault:
     step: int | None = None
     lengths: tuple[int, int] = LONG
     whole_worker: bool = False
+    blocks: bool = False
     timeout: bool = False
     bug: str | None = None
 
@@ -174,11 +180,14 @@ class Fault:
 
         A process worker publishes its other (sync) envs' results before an
         async faulty env runs on its loop, and cancels that env's late call:
-        there, only the faulty env fails.
+        there, only the faulty env fails.  A hang (``blocks``) takes its
+        worker's other envs along only where it blocks the worker: a sync env.
         """
         taken_along = backend in GROUP_BACKENDS and not (
             backend == "process" and flavour == "async"
         )
+        if self.blocks:
+            taken_along = backend in GROUP_BACKENDS and flavour == "sync"
         if self.whole_worker and taken_along:
             return set(worker_group(env))
         return {env}
@@ -216,6 +225,7 @@ FAULTS = [
         cause=TimeoutError,
         setups=tuple(HANG_SETUPS),
         whole_worker=True,
+        blocks=True,
         timeout=True,
     ),
     Fault(

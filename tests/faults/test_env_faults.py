@@ -27,6 +27,7 @@ from gymnasium.vector import SyncVectorEnv
 
 import aiovec
 from aiovec._core.lifecycle import State
+from aiovec._errors import LostWithWorkerError
 from aiovec.testing import KillingEnv
 from faults.conftest import skip_unless_available
 from faults.scenarios import (
@@ -114,9 +115,16 @@ def expect_failure(r: Run, lock: Lockstep, actions: Any) -> aiovec.EnvError:
     lock.oracle.step(actions)  # the other envs did step: keep the oracle's in step too
     error = info.value
     assert set(error.errors) == r.failing, f"named {sorted(error.errors)}, not {r.failing}"
-    assert error.env_index == min(r.failing)
-    assert f"env {min(r.failing)} failed in step()" in str(error)
+    blamed = r.env if r.fault.blocks else min(r.failing)  # a hang blames the env that hung
+    assert error.env_index == blamed
+    assert next(iter(error.errors)) == blamed
+    assert f"env {blamed} failed in step()" in str(error)
     for i, cause in error.errors.items():
+        if r.fault.blocks and i != r.env:  # lost with the worker the hung env blocks
+            assert isinstance(cause, LostWithWorkerError), f"env {i}: {cause!r}"
+            assert f"lost with its worker, blocked by env {r.env}" in str(cause)
+            assert "did not answer" not in str(cause)
+            continue
         assert isinstance(cause, r.fault.cause), f"env {i}: {cause!r}"
     assert error.__cause__ is error.errors[error.env_index]
     return error
@@ -161,6 +169,8 @@ def test_restart_marks_the_slot_and_keeps_every_other_transition(
     assert_rows_equal(got, want, others)
     for i in r.failing:
         assert_restarted_row(got, i, lock.venv.single_observation_space, "Error")
+        if r.fault.blocks and i != r.env:  # restarted as lost, not as timed out
+            assert f"lost with its worker, blocked by env {r.env}" in got[4]["error"][i]
     assert lock.venv.state is State.READY
     # NEXT_STEP: each restarted env is reset on its next step (reward 0, no flags),
     # and every other env goes on exactly as the oracle's.
