@@ -29,6 +29,7 @@ __all__ = (
     "check_autoreset_mode",
     "check_backend_options",
     "check_choice",
+    "check_distinct_envs",
     "check_env_fns",
     "check_env_ids",
     "check_max_concurrency",
@@ -308,14 +309,18 @@ def check_max_concurrency(value: object) -> Any:
     return int(value)
 
 
-def check_values(values: object, num_envs: int) -> list[Any]:
-    """``set_attr`` values: one per env as a list/tuple, or one value for all."""
+def check_values(values: object, num_envs: int, count_of: str = "") -> list[Any]:
+    """``set_attr`` values: one per env as a list/tuple, or one value for all.
+
+    ``count_of`` names what ``num_envs`` counts when it is not every env
+    (``"len(env_ids)"``).
+    """
     if not isinstance(values, list | tuple):
         return [values] * num_envs
     if len(values) != num_envs:
         raise ValueError(
-            f"values must be a list or tuple of num_envs={num_envs} values (or a single value), "
-            f"got length {len(values)}"
+            f"values must be a list or tuple of {count_of or 'num_envs'}={num_envs} values "
+            f"(or a single value), got length {len(values)}"
         )
     return list(values)
 
@@ -433,6 +438,22 @@ def check_spaces(
                 raise ValueError(
                     f"all envs must share one {kind}: env {i} has {space} but env 0 has {first}"
                 )
+
+
+def check_distinct_envs(envs: Sequence[Any], first: int = 0) -> None:
+    """Each factory must have built an env of its own; ``envs[0]`` is env ``first``.
+
+    Two "envs" that are one object would step together, each step stepping both.
+    """
+    seen: dict[int, int] = {}
+    for j, env in enumerate(envs):
+        earlier = seen.setdefault(id(env), j)
+        if earlier != j:
+            raise ValueError(
+                f"env_fns[{first + earlier}]() and env_fns[{first + j}]() returned the same env "
+                f"object ({type(env).__name__}); each factory must build a new env "
+                "(e.g. `lambda: make_env()`, not `lambda: env`)"
+            )
 
 
 # --------------------------------------------------------------------------- env results
