@@ -8,6 +8,7 @@ vector env's ``send``/``recv`` machinery and its lifecycle table.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -288,5 +289,16 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         # Release the loop and the envs first (the warning may be raised as an
         # error): a forgotten close must not leak.
         with contextlib.suppress(Exception):  # best effort at garbage collection
-            self.close()
+            if asyncio._get_running_loop() is None:
+                self.close()
+            else:  # collected inside another vector env's call, which holds this thread
+                self._close_now()
         warnings.warn(message, ResourceWarning, stacklevel=1, source=self)
+
+    def _close_now(self) -> None:
+        """Release the envs without a call on the loop (it cannot run now), then the loop."""
+        self.closed = True
+        try:
+            self.vector_env._close_now()
+        finally:
+            self._runner.close()
