@@ -444,16 +444,27 @@ def check_distinct_envs(envs: Sequence[Any], first: int = 0) -> None:
     """Each factory must have built an env of its own; ``envs[0]`` is env ``first``.
 
     Two "envs" that are one object would step together, each step stepping both.
+    Envs are compared unwrapped (``env.unwrapped`` where there is one), as SB3's
+    vec envs compare them: new wrappers around one env are still one env.
     """
     seen: dict[int, int] = {}
     for j, env in enumerate(envs):
-        earlier = seen.setdefault(id(env), j)
+        inner = _unwrapped(env)
+        earlier = seen.setdefault(id(inner), j)
         if earlier != j:
             raise ValueError(
                 f"env_fns[{first + earlier}]() and env_fns[{first + j}]() returned the same env "
-                f"object ({type(env).__name__}); each factory must build a new env "
+                f"object ({type(inner).__name__}); each factory must build a new env "
                 "(e.g. `lambda: make_env()`, not `lambda: env`)"
             )
+
+
+def _unwrapped(env: Any) -> Any:
+    try:
+        inner = env.unwrapped
+    except Exception:  # no such attribute, or one that fails: the env is its own
+        return env
+    return env if inner is None else inner
 
 
 # --------------------------------------------------------------------------- env results

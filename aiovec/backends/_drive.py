@@ -78,6 +78,8 @@ def perform_sync(env: Any, call: EnvCall, action: Any = None) -> Any:
     kind = type(call)
     if kind is Reset:
         assert isinstance(call, Reset)
+        if call.options is None:  # as SB3's vec envs: an env's reset(seed) may take no options
+            return env.reset(seed=call.seed)
         return env.reset(seed=call.seed, options=call.options)
     if kind is Render:
         return env.render()
