@@ -159,7 +159,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
-        ValueError: An argument has a wrong value, or the envs' spaces differ.
+        ValueError: An argument has a wrong value, the envs' spaces differ, or
+            two factories returned the same env object (both are named).
         aiovec.EnvError: An env factory raised (or, in this constructor,
             waited on the inline backend); the envs built are closed.
 

@@ -8,7 +8,7 @@ Example:
 
 Theory of operation
 -------------------
-SB3's ``VecEnv`` API differs from gymnasium's vector API in five ways; the
+SB3's ``VecEnv`` API differs from gymnasium's vector API in the ways below; the
 adapter translates each and keeps no rule of its own:
 
 1. **Autoreset.**  An SB3 env that ends is reset inside that same step: the
@@ -27,11 +27,14 @@ adapter translates each and keeps no rule of its own:
 4. **``step_async``/``step_wait``** are aiovec's ``send``/``recv``: the envs
    run between the two calls where they can (threads, worker processes).  A
    ``reset()`` after ``step_async`` first collects the steps in flight (SB3
-   says they are cancelled; their results are discarded).
+   says they are cancelled; their results are discarded).  A step before the
+   first ``reset()``, which SB3's vec envs hand to envs never reset, resets
+   them first: aiovec's vector env needs that reset.
 5. **Indices.**  SB3's ``indices`` are aiovec's ``env_ids``: ``get_attr``,
    ``set_attr``, ``env_method`` (aiovec's ``call``) and ``env_is_wrapped`` reach
    the envs named and no others, on every backend (process and Ray workers are
-   asked about their own envs).
+   asked about their own envs).  Negative indices count from the end, as in
+   SB3's list of envs.
 6. **Actions.**  SB3 indexes its actions by env: an array with ``num_envs``
    rows, or a list or tuple of one action per env.  A list of per-env
    ``Dict``/``Tuple`` actions is batched the way gymnasium batches them.
