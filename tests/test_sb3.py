@@ -230,8 +230,20 @@ def test_options_are_used_once_by_the_next_reset():
     assert not venv.step(actions)[2].any()
     assert venv.step(actions)[2].all()
     venv.set_options([{"length": 2}, {"length": 3}, {"length": 2}])
-    with pytest.raises(NotImplementedError, match="same options"):
+    venv.reset()  # by groups of envs with the same options, each env once
+    assert venv.get_attr("episodes") == [3, 3, 3]  # a reset, an autoreset, this reset
+    assert venv.step(actions)[2].tolist() == [False, False, False]
+    assert venv.step(actions)[2].tolist() == [True, False, True]
+    assert venv.reset_infos[1]["reset"]  # env 1 still carries its reset's info
+    venv.close()
+
+
+def test_different_options_per_env_need_a_first_reset():
+    venv = build("blocking", "inline", "sync", space_env("box-discrete"))
+    venv.set_options([{"length": 2}, {"length": 3}, {"length": 2}])
+    with pytest.raises(NotImplementedError, match=r"needs a first reset\(\).*NEEDS_RESET"):
         venv.reset()
+    assert venv.get_attr("episodes") == [0, 0, 0]  # nothing was touched
     venv.close()
 
 

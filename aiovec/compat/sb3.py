@@ -23,7 +23,8 @@ adapter translates each and keeps no rule of its own:
    ``"TimeLimit.truncated"`` set to ``truncated and not terminated``.
 3. **Seeds and options** are stored by ``seed()`` and ``set_options()`` and
    used once, by the next ``reset()``.  aiovec resets every env with the same
-   options, so per-env options that differ are refused.
+   options, so envs whose options differ are reset group by group with
+   ``reset_mask`` (each env once); that needs a first reset.
 4. **``step_async``/``step_wait``** are aiovec's ``send``/``recv``: the envs
    run between the two calls where they can (threads, worker processes).  A
    ``reset()`` after ``step_async`` first collects the steps in flight (SB3
@@ -207,21 +208,50 @@ class SB3VecEnv(VecEnv):
     # -- the VecEnv API ------------------------------------------------------------
 
     def reset(self) -> VecEnvObs:
-        """Reset every env with the seeds and options stored since the last reset."""
+        """Reset every env with the seeds and options stored since the last reset.
+
+        Envs whose options differ are reset group by group (aiovec's ``reset_mask``),
+        each env once, with its own options.
+
+        Raises:
+            NotImplementedError: The options differ between envs and the vector
+                env has not been reset yet (a masked reset needs a first reset).
+        """
         seeds, options = self._seeds, self._options
+        groups: list[tuple[dict[str, Any] | None, list[int]]] = []
+        for i, option in enumerate(options):
+            found = next((envs for known, envs in groups if known == option), None)
+            if found is None:
+                groups.append((option, [i]))
+            else:
+                found.append(i)
+        if len(groups) > 1 and self.venv.state not in (State.READY, State.SENT):
+            raise NotImplementedError(
+                "set_options() with different options per env: aiovec resets the envs that "
+                "share options together (reset_mask), which needs a first reset(); call "
+                f"reset() once before (the vector env is {self.venv.state.name})"
+            )
         self._reset_seeds()
         self._reset_options()
-        if any(option != options[0] for option in options):
-            raise NotImplementedError(
-                "aiovec resets every env with the same options; set_options(dict) works, "
-                "a list of different options does not"
-            )
         self._collect_sent()
         seed = None if all(s is None for s in seeds) else list(seeds)
         obs: VecEnvObs
-        obs, infos = self._do("reset", seed=seed, options=options[0] or None)
-        self.reset_infos = unbatch_infos(infos, self.num_envs)
-        return obs
+        if len(groups) == 1:
+            obs, infos = self._do("reset", seed=seed, options=options[0] or None)
+            self.reset_infos = unbatch_infos(infos, self.num_envs)
+            return obs
+        reset_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for shared, envs in groups:
+            mask = np.zeros(self.num_envs, np.bool_)
+            mask[envs] = True
+            obs, infos = self._do(
+                "reset", seed=seed, options={**(shared or {}), "reset_mask": mask}
+            )
+            per_env = unbatch_infos(infos, self.num_envs)
+            for i in envs:
+                reset_infos[i] = per_env[i]
+        self.reset_infos = reset_infos
+        return obs  # the last masked reset's batch holds every env's new observation
 
     def step_async(self, actions: np.ndarray | Sequence[Any]) -> None:
         """Start a step of every env (aiovec's ``send``).
