@@ -8,6 +8,7 @@ vector env's ``send``/``recv`` machinery and its lifecycle table.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +16,6 @@ from typing import Any
 
 import anyio
 import gymnasium
-import numpy as np
 from gymnasium.core import RenderFrame
 from gymnasium.vector import AutoresetMode
 
@@ -25,7 +25,7 @@ from aiovec._core.lifecycle import PENDING, State
 from aiovec._core.restart import RestartPolicy
 from aiovec._core.validate import describe
 from aiovec._runner import Runner
-from aiovec._vector import AsyncioVectorEnv, RecvBatch
+from aiovec._vector import AsyncioVectorEnv, EnvIds, RecvBatch
 
 __all__ = ("BlockingVectorEnv",)
 
@@ -180,7 +180,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         """
         return self._runner.run(self.vector_env._step_wait(timeout))
 
-    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+    def send(self, actions: Any, env_ids: EnvIds | None = None) -> None:
         """Start steps for some envs; see `AsyncioVectorEnv.send`."""
         self._runner.run(_call(self.vector_env.send, actions, env_ids))
 
@@ -192,17 +192,25 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         """Each env's frame; see `AsyncioVectorEnv.render`."""
         return self._runner.run(self.vector_env.render())
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Call a method on every env; see `AsyncioVectorEnv.call`."""
-        return self._runner.run(self.vector_env.call(name, *args, **kwargs))
+    def call(
+        self, name: str, *args: Any, env_ids: EnvIds | None = None, **kwargs: Any
+    ) -> tuple[Any, ...]:
+        """Call a method on every env (or those of ``env_ids``); see `AsyncioVectorEnv.call`."""
+        return self._runner.run(self.vector_env.call(name, *args, env_ids=env_ids, **kwargs))
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Read an attribute of every env; see `AsyncioVectorEnv.get_attr`."""
-        return self._runner.run(self.vector_env.get_attr(name))
+    def get_attr(self, name: str, *, env_ids: EnvIds | None = None) -> tuple[Any, ...]:
+        """Read an attribute of every env (or of ``env_ids``); see `AsyncioVectorEnv.get_attr`."""
+        return self._runner.run(self.vector_env.get_attr(name, env_ids=env_ids))
 
-    def set_attr(self, name: str, values: Any) -> None:
-        """Set an attribute on every env; see `AsyncioVectorEnv.set_attr`."""
-        self._runner.run(self.vector_env.set_attr(name, values))
+    def set_attr(self, name: str, values: Any, *, env_ids: EnvIds | None = None) -> None:
+        """Set an attribute on every env (or ``env_ids``); see `AsyncioVectorEnv.set_attr`."""
+        self._runner.run(self.vector_env.set_attr(name, values, env_ids=env_ids))
+
+    def env_is_wrapped(
+        self, wrapper_class: type, *, env_ids: EnvIds | None = None
+    ) -> tuple[bool, ...]:
+        """Whether each env is wrapped in a class; see `AsyncioVectorEnv.env_is_wrapped`."""
+        return self._runner.run(self.vector_env.env_is_wrapped(wrapper_class, env_ids=env_ids))
 
     def latency_stats(self) -> LatencyStats:
         """Per-env latency of calls that waited; see `AsyncioVectorEnv.latency_stats`."""
@@ -281,5 +289,16 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         # Release the loop and the envs first (the warning may be raised as an
         # error): a forgotten close must not leak.
         with contextlib.suppress(Exception):  # best effort at garbage collection
-            self.close()
+            if asyncio._get_running_loop() is None:
+                self.close()
+            else:  # collected inside another vector env's call, which holds this thread
+                self._close_now()
         warnings.warn(message, ResourceWarning, stacklevel=1, source=self)
+
+    def _close_now(self) -> None:
+        """Release the envs without a call on the loop (it cannot run now), then the loop."""
+        self.closed = True
+        try:
+            self.vector_env._close_now()
+        finally:
+            self._runner.close()

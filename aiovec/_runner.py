@@ -168,9 +168,31 @@ class Runner:
             self._wakeup.close()
             self._wakeup = None
         if self._runner is not None:
-            self._runner.close()
+            with _loop_set_aside():
+                self._runner.close()  # runs its loop a last time (async generators, executor)
         if self._portal_cm is not None:
             self._portal_cm.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _loop_set_aside() -> Iterator[None]:
+    """No loop marked as running in this thread for the block; the one there is, back after.
+
+    A runner whose vector env is garbage collected while another vector env's
+    call runs a loop in this thread (an env's step dropped the last reference)
+    must still run its own loop to close it; asyncio refuses to while another
+    is marked as running.  The two loops share nothing, and the other one's
+    call is suspended in this thread until the block ends.
+    """
+    running = asyncio._get_running_loop()
+    if running is None:
+        yield
+        return
+    asyncio._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(running)
 
 
 @contextlib.contextmanager

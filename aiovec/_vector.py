@@ -45,7 +45,7 @@ from gymnasium.vector import AutoresetMode
 from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, StepBatch
-from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, Reset, SetAttr
+from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, IsWrapped, Reset, SetAttr
 from aiovec._core.deadlines import overdue
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import PENDING, Lifecycle, State, VectorCall
@@ -65,6 +65,9 @@ from aiovec.backends import Backend, load_backend
 from aiovec.backends._base import Outcomes
 
 __all__ = ("AsyncioVectorEnv", "RecvBatch")
+
+EnvIds = Sequence[int] | np.ndarray
+"""Env indices a call names (``send``'s ``env_ids``, ``call``'s, ...)."""
 
 RecvBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]
 """``(observations, rewards, terminations, truncations, infos, env_ids)``."""
@@ -157,7 +160,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
-        ValueError: An argument has a wrong value, or the envs' spaces differ.
+        ValueError: An argument has a wrong value, the envs' spaces differ, or
+            two factories returned the same env object (both are named).
         aiovec.EnvError: An env factory raised (or, in this constructor,
             waited on the inline backend); the envs built are closed.
 
@@ -244,6 +248,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         traits = self._backend.traits
         try:
             validate.check_spaces(traits.observation_spaces, traits.action_spaces)
+            envs = self._backend.envs  # built in this process (workers check their own)
+            if envs is not None:
+                validate.check_distinct_envs(envs)
         except (TypeError, ValueError):
             self._close_now()
             raise
@@ -392,7 +399,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.state = State.READY
         return batch
 
-    def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
+    def send(self, actions: Any, env_ids: EnvIds | None = None) -> None:
         """Start steps for some envs and return at once (EnvPool's asynchronous mode).
 
         Call it from code running in the event loop; collect the results with
@@ -703,20 +710,68 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Each env's frame, by env index."""
         return await self._broadcast(RENDER, "render")
 
-    async def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Call method ``name`` on every env (awaiting coroutines); attributes are read."""
-        return await self._broadcast(CallMethod(_check_name(name), args, kwargs), "call")
+    async def call(
+        self, name: str, *args: Any, env_ids: EnvIds | None = None, **kwargs: Any
+    ) -> tuple[Any, ...]:
+        """Call method ``name`` on every env (awaiting coroutines); attributes are read.
 
-    async def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Attribute ``name`` of every env."""
-        return await self._broadcast(GetAttr(_check_name(name)), "get_attr")
+        Args:
+            name: The method (or attribute) of each env.
+            *args: Positional arguments of the method.
+            env_ids: The envs to call, as for `send` (``None``: every env); the
+                others are not touched.  It is this call's own keyword, so a
+                method argument named ``env_ids`` cannot be passed through.
+            **kwargs: Keyword arguments of the method.
 
-    async def set_attr(self, name: str, values: Any) -> None:
-        """Set attribute ``name`` on every env: one value per env, or one for all."""
+        Returns:
+            Each env's result, in the order of ``env_ids`` (by env index for ``None``).
+        """
+        return await self._broadcast(CallMethod(_check_name(name), args, kwargs), "call", env_ids)
+
+    async def get_attr(self, name: str, *, env_ids: EnvIds | None = None) -> tuple[Any, ...]:
+        """Attribute ``name`` of every env (or of those in ``env_ids``, in that order)."""
+        return await self._broadcast(GetAttr(_check_name(name)), "get_attr", env_ids)
+
+    async def set_attr(self, name: str, values: Any, *, env_ids: EnvIds | None = None) -> None:
+        """Set attribute ``name`` on every env: one value per env, or one for all.
+
+        Args:
+            name: The attribute.
+            values: A list or tuple of one value per env (of ``env_ids``, in
+                that order), or any other value, set on every env.
+            env_ids: The envs to set it on, as for `send` (``None``: every env).
+        """
         self._life.check(VectorCall.INSPECT)
         name = _check_name(name)
-        calls = [SetAttr(name, v) for v in validate.check_values(values, self.num_envs)]
-        await self._run(self._all, CallOp(calls, "set_attr"), breaks=False)
+        ids = self._env_ids(env_ids)
+        values = validate.check_values(
+            values, len(ids), "len(env_ids)" if env_ids is not None else ""
+        )
+        calls = dict(zip(ids, (SetAttr(name, v) for v in values), strict=True))
+        launched = sorted(ids)
+        await self._run(launched, CallOp([calls[i] for i in launched], "set_attr"), breaks=False)
+
+    async def env_is_wrapped(
+        self, wrapper_class: type, *, env_ids: EnvIds | None = None
+    ) -> tuple[bool, ...]:
+        """Whether each env is wrapped in ``wrapper_class``, wherever the envs live.
+
+        The env's gymnasium wrappers are followed through ``.env`` (as
+        Stable-Baselines3's ``env_is_wrapped`` does); process and Ray workers
+        look at their own envs.
+
+        Args:
+            wrapper_class: A wrapper class, e.g. ``gymnasium.wrappers.RecordEpisodeStatistics``.
+            env_ids: The envs to ask, as for `send` (``None``: every env).
+
+        Returns:
+            One bool per env, in the order of ``env_ids``.
+        """
+        if not isinstance(wrapper_class, type):
+            raise TypeError(
+                f"wrapper_class must be a class, got {validate.describe(wrapper_class)}"
+            )
+        return await self._broadcast(IsWrapped(wrapper_class), "env_is_wrapped", env_ids)
 
     async def close(self) -> None:
         """Close every env and release everything; calling it again does nothing.
@@ -766,10 +821,22 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     # -- machinery -------------------------------------------------------------------
 
-    async def _broadcast(self, call: EnvCall, name: str) -> tuple[Any, ...]:
+    async def _broadcast(
+        self, call: EnvCall, name: str, env_ids: EnvIds | None = None
+    ) -> tuple[Any, ...]:
+        """Make ``call`` on every env (or those of ``env_ids``); results in that order."""
         self._life.check(VectorCall.INSPECT)
-        results = await self._run(self._all, CallOp([call] * self.num_envs, name), breaks=False)
-        return self._batcher.gather(self._all, results)
+        if env_ids is None:
+            results = await self._run(self._all, CallOp([call] * self.num_envs, name), breaks=False)
+            return self._batcher.gather(self._all, results)
+        ids = self._env_ids(env_ids)
+        launched = sorted(ids)
+        results = await self._run(launched, CallOp([call] * len(ids), name), breaks=False)
+        return self._batcher.gather(ids, results)
+
+    def _env_ids(self, env_ids: EnvIds | None) -> Sequence[int]:
+        """The envs a call names (checked: distinct, in range), or every env for ``None``."""
+        return self._all if env_ids is None else validate.check_env_ids(env_ids, self.num_envs)
 
     async def _run(
         self, indices: Sequence[int], op: Op, *, breaks: bool

@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/overhead.py            # full run, a few minutes
     python benchmarks/overhead.py --quick    # CI smoke test, < 20 s
     python benchmarks/overhead.py --reps 9 --json results.json
+    python benchmarks/overhead.py --only sb3 # the SB3 adapter against DummyVecEnv only
 
 For each case (an env and a number of envs N) every candidate steps the same
 pre-sampled actions: gymnasium's ``SyncVectorEnv`` (the baseline), aiovec's
@@ -20,9 +21,15 @@ Envs: ``TrivialEnv`` (the cheapest sync env) and CartPole-v1 through both;
 (suspends once per step, so the event loop does real work) through aiovec,
 compared with ``SyncVectorEnv`` over ``TrivialEnv``.
 
+With Stable-Baselines3 installed, SB3 cases compare the adapter
+(``aiovec.compat.sb3.make_sb3_env``, inline) with SB3's ``DummyVecEnv`` over
+the same envs, stepped as SB3 steps them (``step(actions)``; CartPole-v1, and
+``HeldInfoEnv``, which ends episodes and fills infos often, so the adapter's
+copies of infos show).
+
 Reported: the median over repetitions of microseconds per env-step, and the
-median of the per-repetition ratio aiovec / gymnasium (with its range), with
-PASS/MISS against the project's targets.  Timings never make the script fail.
+median of the per-repetition ratio aiovec / gymnasium (or aiovec / SB3) with its
+range, with PASS/MISS against the project's targets.  Timings never make the script fail.
 Reference rows: a bare ``asyncio.gather`` over the async envs' coroutines, and
 the fixed cost of one call into an event loop (``asyncio.Runner().run(noop())``)
 next to one ``step`` of each vector env with N = 1.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import signal
@@ -43,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
+import numpy as np
 from _common import (
     Candidate,
     loop_factories,
@@ -58,6 +67,7 @@ import aiovec
 from aiovec.testing import AsyncTrivialEnv, TrivialEnv
 
 BASELINE = "gymnasium SyncVectorEnv"
+SB3_BASELINE = "SB3 DummyVecEnv"
 
 # (env label, front end, N) -> highest acceptable ratio aiovec / gymnasium.
 TARGETS: dict[tuple[str, str, int], float] = {
@@ -83,6 +93,29 @@ class YieldingTrivialEnv(AsyncTrivialEnv):
     async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         await asyncio.sleep(0)
         return await super().step(action)
+
+
+class HeldInfoEnv(gymnasium.Env[Any, Any]):
+    """Episodes of 1 to 4 steps; each step's info holds a small array and a dict."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,))
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.obs = np.zeros(4, np.float32)
+        self.info = {"state": np.zeros(3), "meta": {"level": 1}}
+        self.t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.obs, {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return self.obs, 1.0, self.t >= 1 + (action + self.t) % 4, False, self.info
 
 
 @dataclass(frozen=True)
@@ -113,8 +146,10 @@ class Actions:
 # ---------------------------------------------------------------- candidates
 
 
-def baseline_candidate(case: Case, actions: Actions) -> Candidate:
-    venv = gymnasium.vector.SyncVectorEnv([case.baseline_env_fn] * case.num_envs)
+def stepping_candidate(
+    name: str, venv: Any, actions: Actions, before: Callable[[], object]
+) -> Candidate:
+    """A synchronous vector env (gymnasium's or SB3's) whose ``step`` is timed in plain code."""
 
     def run(steps: int) -> float:
         rows = actions.take(steps)
@@ -124,9 +159,14 @@ def baseline_candidate(case: Case, actions: Actions) -> Candidate:
             for a in rows:
                 step(a)
 
-        return timed_sync(body, before=lambda: venv.reset(seed=0))
+        return timed_sync(body, before=before)
 
-    return Candidate(BASELINE, run, venv.close)
+    return Candidate(name, run, venv.close)
+
+
+def baseline_candidate(case: Case, actions: Actions) -> Candidate:
+    venv = gymnasium.vector.SyncVectorEnv([case.baseline_env_fn] * case.num_envs)
+    return stepping_candidate(BASELINE, venv, actions, lambda: venv.reset(seed=0))
 
 
 def await_candidate(
@@ -161,18 +201,7 @@ def await_candidate(
 
 def blocking_candidate(case: Case, actions: Actions) -> Candidate:
     venv = aiovec.BlockingVectorEnv([case.aiovec_env_fn] * case.num_envs, backend="inline")
-
-    def run(steps: int) -> float:
-        rows = actions.take(steps)
-
-        def body() -> None:
-            step = venv.step
-            for a in rows:
-                step(a)
-
-        return timed_sync(body, before=lambda: venv.reset(seed=0))
-
-    return Candidate("aiovec blocking", run, venv.close)
+    return stepping_candidate("aiovec blocking", venv, actions, lambda: venv.reset(seed=0))
 
 
 def gather_candidate(
@@ -198,6 +227,17 @@ def gather_candidate(
     return Candidate(f"bare asyncio.gather ({loop})", run, runner.close)
 
 
+def build_sb3_candidates(case: Case, actions: Actions) -> list[Candidate]:
+    """SB3's ``DummyVecEnv`` and the adapter, stepped as SB3's algorithms step them."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from aiovec.compat.sb3 import make_sb3_env
+
+    fns = [case.aiovec_env_fn] * case.num_envs
+    venvs = {SB3_BASELINE: DummyVecEnv(fns), "aiovec make_sb3_env (inline)": make_sb3_env(fns)}
+    return [stepping_candidate(name, v, actions, v.reset) for name, v in venvs.items()]
+
+
 def build_candidates(case: Case, actions: Actions) -> list[Candidate]:
     loops = loop_factories()
     cands = [baseline_candidate(case, actions)]
@@ -221,11 +261,11 @@ def calibrate(baseline: Candidate, target_s: float) -> int:
         steps *= 4
 
 
-def run_case(case: Case, args: argparse.Namespace) -> list[dict[str, Any]]:
+def run_case(case: Case, args: argparse.Namespace, *, sb3: bool = False) -> list[dict[str, Any]]:
     probe = gymnasium.vector.SyncVectorEnv([case.baseline_env_fn] * case.num_envs)
     actions = Actions(probe.action_space)
     probe.close()
-    cands = build_candidates(case, actions)
+    cands = build_sb3_candidates(case, actions) if sb3 else build_candidates(case, actions)
     try:
         if args.quick:
             steps = max(20, min(300, 16384 // case.num_envs))
@@ -239,6 +279,7 @@ def run_case(case: Case, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for cand in cands[1:]:
         front = "await" if "await" in cand.name else "blocking" if "blocking" in cand.name else ""
+        front = "sb3" if sb3 else front
         limit = TARGETS.get((case.env, front, case.num_envs))
         ratio = median_ratio(cand.seconds, base.seconds)
         ratios = [c / b for c, b in zip(cand.seconds, base.seconds, strict=True)]
@@ -247,6 +288,7 @@ def run_case(case: Case, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "env": case.env,
                 "num_envs": case.num_envs,
                 "candidate": cand.name,
+                "baseline": base.name,
                 "steps": steps,
                 "us_per_env_step": per_env_step_us(
                     statistics.median(cand.seconds), steps, case.num_envs
@@ -340,14 +382,47 @@ def cases() -> list[Case]:
     return out
 
 
+def sb3_cases() -> list[Case]:
+    """The SB3 adapter's cases (empty without Stable-Baselines3)."""
+    if importlib.util.find_spec("stable_baselines3") is None:
+        return []
+    return [
+        Case("CartPole-v1", 8, make_cartpole, make_cartpole),
+        Case("HeldInfoEnv", 8, HeldInfoEnv, HeldInfoEnv),
+    ]
+
+
 def print_report(
     info: dict[str, str], rows: Sequence[dict[str, Any]], per_call: Sequence[dict[str, Any]]
 ) -> None:
     print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    tables = [
+        (
+            "aiovec front end (loop)",
+            "SyncVectorEnv",
+            [r for r in rows if r["baseline"] == BASELINE],
+        ),
+        ("SB3 adapter", "DummyVecEnv", [r for r in rows if r["baseline"] == SB3_BASELINE]),
+    ]
+    for what, baseline, table in tables:
+        if table:
+            print()
+            print_rows(what, baseline, table)
+    if per_call:
+        print()
+        print("| fixed cost of one call (N = 1) | us per call |")
+        print("|---|---:|")
+        for p in per_call:
+            print(f"| {p['what']} | {p['us_per_call']:.1f} |")
+    missed = [r for r in rows if r["passed"] is False]
     print()
+    print(f"targets: {sum(r['passed'] is True for r in rows)} PASS, {len(missed)} MISS")
+
+
+def print_rows(what: str, baseline: str, rows: Sequence[dict[str, Any]]) -> None:
     print(
-        "| env | N | aiovec front end (loop) | aiovec us/env-step "
-        "| SyncVectorEnv us/env-step | ratio (min-max) | target |"
+        f"| env | N | {what} | aiovec us/env-step "
+        f"| {baseline} us/env-step | ratio (min-max) | target |"
     )
     print("|---|---:|---|---:|---:|---|---|")
     for r in rows:
@@ -359,14 +434,6 @@ def print_report(
             f"| {r['baseline_us_per_env_step']:.2f} "
             f"| {r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {target} |"
         )
-    print()
-    print("| fixed cost of one call (N = 1) | us per call |")
-    print("|---|---:|")
-    for p in per_call:
-        print(f"| {p['what']} | {p['us_per_call']:.1f} |")
-    missed = [r for r in rows if r["passed"] is False]
-    print()
-    print(f"targets: {sum(r['passed'] is True for r in rows)} PASS, {len(missed)} MISS")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -374,6 +441,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="few steps, 2 reps (CI smoke test)")
     parser.add_argument("--reps", type=int, help="repetitions (default 11, --quick 2)")
     parser.add_argument("--json", metavar="FILE", help="also write all timings as JSON")
+    parser.add_argument(
+        "--only",
+        choices=("gymnasium", "sb3"),
+        help="only the cases against gymnasium (with the per-call costs), or only the SB3 ones",
+    )
     parser.add_argument(
         "--target-ms",
         type=float,
@@ -397,10 +469,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     info = machine_info()
     rows: list[dict[str, Any]] = []
-    for case in cases():
-        rows += run_case(case, args)
-        print(f"  measured {case.env} N={case.num_envs}", file=sys.stderr, flush=True)
-    per_call = run_per_call(args)
+    per_call: list[dict[str, Any]] = []
+    if args.only != "sb3":
+        for case in cases():
+            rows += run_case(case, args)
+            print(f"  measured {case.env} N={case.num_envs}", file=sys.stderr, flush=True)
+        per_call = run_per_call(args)
+    if args.only != "gymnasium":
+        for case in sb3_cases():
+            rows += run_case(case, args, sb3=True)
+            print(f"  measured SB3 {case.env} N={case.num_envs}", file=sys.stderr, flush=True)
     print_report(info, rows, per_call)
     elapsed = time.perf_counter() - started
     print(f"({args.reps} repetitions, {elapsed:.0f} s in all)")

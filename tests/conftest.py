@@ -185,11 +185,14 @@ class AwaitFrontEnd:
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self.run(self.venv.call(name, *args, **kwargs))
 
-    def get_attr(self, name: str) -> Any:
-        return self.run(self.venv.get_attr(name))
+    def get_attr(self, name: str, **kwargs: Any) -> Any:
+        return self.run(self.venv.get_attr(name, **kwargs))
 
-    def set_attr(self, name: str, values: Any) -> Any:
-        return self.run(self.venv.set_attr(name, values))
+    def set_attr(self, name: str, values: Any, **kwargs: Any) -> Any:
+        return self.run(self.venv.set_attr(name, values, **kwargs))
+
+    def env_is_wrapped(self, wrapper_class: type, **kwargs: Any) -> Any:
+        return self.run(self.venv.env_is_wrapped(wrapper_class, **kwargs))
 
     def close(self) -> Any:
         return self.run(self.venv.close())
@@ -228,11 +231,14 @@ class BlockingFrontEnd:
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self.venv.call(name, *args, **kwargs)
 
-    def get_attr(self, name: str) -> Any:
-        return self.venv.get_attr(name)
+    def get_attr(self, name: str, **kwargs: Any) -> Any:
+        return self.venv.get_attr(name, **kwargs)
 
-    def set_attr(self, name: str, values: Any) -> Any:
-        return self.venv.set_attr(name, values)
+    def set_attr(self, name: str, values: Any, **kwargs: Any) -> Any:
+        return self.venv.set_attr(name, values, **kwargs)
+
+    def env_is_wrapped(self, wrapper_class: type, **kwargs: Any) -> Any:
+        return self.venv.env_is_wrapped(wrapper_class, **kwargs)
 
     def close(self) -> Any:
         return self.venv.close()

@@ -472,3 +472,57 @@ def test_envs_property_lists_the_envs(make_venv, backend):
     assert len(envs) == 3
     inner = [getattr(env, "env", env) for env in envs]
     assert all(isinstance(env, SpaceEnv) for env in inner)
+
+
+# --------------------------------------------------------------------------- garbage collection
+
+
+class _DropsOnStep(SpaceEnv):
+    """Empties ``holder`` as it steps: the last reference to another vector env goes there."""
+
+    def __init__(self, holder: list[object]) -> None:
+        super().__init__()
+        self.holder = holder
+
+    def step(self, action):
+        self.holder.clear()
+        return super().step(action)
+
+
+class _SuspendsThenDrops(aiovec.AsyncEnv):
+    """An async env whose step waits on the loop (which then runs), then empties ``holder``."""
+
+    def __init__(self, holder: list[object]) -> None:
+        self.env = _DropsOnStep(holder)
+        self.observation_space, self.action_space = (
+            self.env.observation_space,
+            self.env.action_space,
+        )
+
+    async def reset(self, *, seed=None, options=None):
+        return self.env.reset(seed=seed, options=options)
+
+    async def step(self, action):
+        await asyncio.sleep(0)
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("dropped_backend", ["inline", "process"])
+@pytest.mark.parametrize("caller", [_DropsOnStep, _SuspendsThenDrops])
+def test_a_vector_env_collected_inside_another_ones_call_closes_cleanly(caller, dropped_backend):
+    """Its loop is closed, nothing is left unawaited; only its "never closed" warning comes."""
+    holder: list[object] = [aiovec.BlockingVectorEnv([SpaceEnv], backend=dropped_backend)]
+    dropped = holder[0]
+    dropped.reset(seed=0)
+    loop = dropped._runner._loop
+    del dropped
+    venv = aiovec.BlockingVectorEnv([functools.partial(caller, holder)])
+    venv.reset(seed=0)
+    with pytest.warns(ResourceWarning) as caught:
+        venv.step(np.zeros(1, np.int64))  # the dropped one is collected inside this call
+    venv.close()
+    assert not holder
+    assert loop.is_closed()
+    assert [str(w.message).split(" was ")[0] for w in caught] == [
+        f"BlockingVectorEnv(AsyncioVectorEnv(num_envs=1, backend='{dropped_backend}', state=READY))"
+    ]

@@ -179,12 +179,22 @@ def test_get_attr_set_attr_and_env_method():
     venv.close()
 
 
-@pytest.mark.parametrize("method", ["set_attr", "env_method"])
-def test_writes_to_a_subset_of_envs_are_refused(method):
-    venv = build("blocking", "inline", "sync", space_env("box-discrete"))
-    with pytest.raises(NotImplementedError, match=r"indices=\[0\]"):
-        getattr(venv, method)("tag", 1, indices=[0])
-    assert venv.get_attr("tag") == ["space-env"] * NUM_ENVS  # nothing was touched
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_indices_reach_the_envs_named_and_no_other(backend):
+    """SB3's HER replay buffer calls ``env_method("compute_reward", ..., indices=[0])``."""
+    venv = make_sb3_env([space_env("box-discrete")] * NUM_ENVS, backend=backend, num_workers=2)
+    venv.reset()
+    venv.set_attr("tag", "mine", indices=[2, 0])
+    assert venv.get_attr("tag") == ["mine", "space-env", "mine"]
+    assert venv.get_attr("tag", indices=1) == ["space-env"]
+    assert venv.env_method("reset", indices=np.int64(1))[0][1]["reset"]
+    assert venv.get_attr("episodes") == [1, 2, 1]  # only env 1 was reset again
+    assert venv.env_method("add", 1, b=2, indices=[2, 1]) == [3, 3]
+    assert venv.get_attr("tag", indices=[-1, 1]) == ["mine", "space-env"]  # as SB3's list
+    assert venv.env_method("add", 1, indices=[]) == []  # as SB3: nothing to call
+    assert venv.get_attr("tag", indices=[]) == []
+    venv.set_attr("tag", "none", indices=[])
+    assert venv.get_attr("tag") == ["mine", "space-env", "mine"]
     venv.close()
 
 
@@ -198,10 +208,17 @@ def test_env_is_wrapped():
     venv.close()
 
 
-def test_env_is_wrapped_on_the_process_backend_says_what_to_do():
-    venv = make_sb3_env([lambda: gymnasium.make("CartPole-v1")], backend="process")
-    with pytest.raises(NotImplementedError, match="VecMonitor"):
-        venv.env_is_wrapped(Monitor)
+def test_env_is_wrapped_asks_the_workers():
+    """``evaluate_policy`` asks it of any VecEnv without ``VecMonitor`` (Ray: test_some_envs)."""
+
+    def make():
+        return Monitor(gymnasium.make("CartPole-v1"))
+
+    venv = make_sb3_env(
+        [make, lambda: gymnasium.make("CartPole-v1"), make], backend="process", num_workers=2
+    )
+    assert venv.env_is_wrapped(Monitor) == [True, False, True]
+    assert venv.env_is_wrapped(Monitor, indices=[1, 2]) == [False, True]
     venv.close()
 
 
@@ -213,8 +230,20 @@ def test_options_are_used_once_by_the_next_reset():
     assert not venv.step(actions)[2].any()
     assert venv.step(actions)[2].all()
     venv.set_options([{"length": 2}, {"length": 3}, {"length": 2}])
-    with pytest.raises(NotImplementedError, match="same options"):
+    venv.reset()  # by groups of envs with the same options, each env once
+    assert venv.get_attr("episodes") == [3, 3, 3]  # a reset, an autoreset, this reset
+    assert venv.step(actions)[2].tolist() == [False, False, False]
+    assert venv.step(actions)[2].tolist() == [True, False, True]
+    assert venv.reset_infos[1]["reset"]  # env 1 still carries its reset's info
+    venv.close()
+
+
+def test_different_options_per_env_need_a_first_reset():
+    venv = build("blocking", "inline", "sync", space_env("box-discrete"))
+    venv.set_options([{"length": 2}, {"length": 3}, {"length": 2}])
+    with pytest.raises(NotImplementedError, match=r"needs a first reset\(\).*NEEDS_RESET"):
         venv.reset()
+    assert venv.get_attr("episodes") == [0, 0, 0]  # nothing was touched
     venv.close()
 
 
@@ -278,3 +307,128 @@ def test_import_without_sb3_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "aiovec.compat.sb3")
     with pytest.raises(ImportError, match=r'pip install "aiovec\[sb3\]"'):
         importlib.import_module("aiovec.compat.sb3")
+
+
+class HeldObsEnv(gymnasium.Env):
+    """Ends every step; returns its own ``obs`` array and its own ``held`` info object."""
+
+    observation_space = spaces.Box(-10.0, 10.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self):
+        self.obs = np.zeros(2, np.float32)
+        self.held = {"items": [1, 2]}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.obs, {}
+
+    def step(self, action):
+        return self.obs, 0.0, True, False, {"held": self.held}
+
+
+@pytest.mark.parametrize("backend", ["inline", "thread", "process"])
+def test_the_infos_returned_are_never_the_envs_own_objects(backend):
+    """SB3's ``VecFrameStack`` edits ``terminal_observation`` in place, as DummyVecEnv allows."""
+    venv = make_sb3_env([HeldObsEnv] * 2, backend=backend)
+    venv.reset()
+    _obs, _rewards, dones, infos = venv.step(np.zeros(2, np.int64))
+    assert dones.all()
+    infos[0]["terminal_observation"][0] = 7.0
+    infos[0]["held"]["items"].append(3)
+    assert venv.get_attr("obs")[0].tolist() == [0.0, 0.0]
+    assert venv.get_attr("held")[0] == {"items": [1, 2]}
+    venv.close()
+
+
+COMPOSITE_ACTIONS = {
+    "dict": spaces.Dict({"move": spaces.Discrete(3), "aim": spaces.Box(-1.0, 1.0, (2,))}),
+    "tuple": spaces.Tuple((spaces.Discrete(2), spaces.MultiBinary(3))),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(COMPOSITE_ACTIONS))
+@pytest.mark.parametrize("form", [list, tuple])
+def test_a_list_of_per_env_actions_steps_as_on_dummy_vec_env(kind, form):
+    make = functools.partial(
+        SpaceEnv, spaces.Box(-1.0, 1.0, (3,), np.float32), COMPOSITE_ACTIONS[kind], max_len=3
+    )
+    ours = make_sb3_env([make] * NUM_ENVS)
+    theirs = DummyVecEnv([make] * NUM_ENVS)
+    space = ours.action_space
+    space.seed(4)
+    try:
+        for venv in (ours, theirs):
+            venv.seed(2)
+            venv.reset()
+        for t in range(6):
+            actions = form(space.sample() for _ in range(NUM_ENVS))
+            assert_same(list(ours.step(actions)), list(theirs.step(actions)), f"step {t}")
+        with pytest.raises(ValueError, match=r"one action per env \(num_envs=3\), got 2"):
+            ours.step(form(space.sample() for _ in range(2)))
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_factories_that_return_one_env_twice_are_refused():
+    env = SpaceEnv()
+    with pytest.raises(ValueError, match=r"env_fns\[0\]\(\) and env_fns\[1\]\(\)"):
+        make_sb3_env([lambda: env] * 2)
+    # make_vec_env(lambda: env) wraps one env in a new Monitor each time: still one env
+    with pytest.raises(ValueError, match=r"env_fns\[1\]\(\) and env_fns\[2\]\(\).*SpaceEnv"):
+        make_sb3_env([SpaceEnv, lambda: Monitor(env), lambda: Monitor(env)])
+
+
+def deprecated(message):
+    raise gymnasium.error.DeprecatedEnv(message)
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_factory_error_is_raised_as_itself(backend):
+    """SB3's tests fall back from CliffWalking-v0 on ``except gym.error.DeprecatedEnv``."""
+    fns = [SpaceEnv, functools.partial(deprecated, "use v1")]
+    with pytest.raises(gymnasium.error.DeprecatedEnv, match="use v1") as raised:
+        make_sb3_env(fns, backend=backend, num_workers=1)
+    assert "(raised by env_fns[1](), as make_sb3_env built env 1)" in raised.value.__notes__
+
+
+def test_a_first_step_without_reset_resets_the_envs_first():
+    """SB3's vec envs pass such a step to the envs; aiovec's need a reset first."""
+    venv = make_sb3_env([space_env("box-discrete")] * 2)
+    venv.seed(5)
+    _obs, _rewards, _dones, _infos = venv.step(np.zeros(2, np.int64))
+    assert venv.get_attr("episodes") == [1, 1]
+    assert venv.get_attr("episode_steps") == [1, 1]
+    assert venv.reset_infos[0]["reset"]
+    venv.close()
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_her_trains_with_four_envs(backend):
+    """HER's replay buffer calls ``env_method("compute_reward", ..., indices=[i])``."""
+    pytest.importorskip("torch")
+    from stable_baselines3 import DQN, HerReplayBuffer
+    from stable_baselines3.common.envs import BitFlippingEnv
+
+    def make():
+        return BitFlippingEnv(n_bits=4, continuous=False)
+
+    venv = make_sb3_env([make] * 4, backend=backend, num_workers=2)
+    model = DQN(
+        "MultiInputPolicy",
+        venv,
+        replay_buffer_class=HerReplayBuffer,
+        replay_buffer_kwargs={"n_sampled_goal": 2, "goal_selection_strategy": "future"},
+        learning_starts=40,
+        train_freq=4,
+        gradient_steps=1,
+        buffer_size=2000,
+        policy_kwargs={"net_arch": [16]},
+        device="cpu",
+        seed=0,
+    )
+    model.learn(total_timesteps=200)
+    assert model.num_timesteps >= 200
+    assert model.replay_buffer.size() > 0
+    venv.close()

@@ -30,6 +30,7 @@ __all__ = (
     "Close",
     "EnvCall",
     "GetAttr",
+    "IsWrapped",
     "Render",
     "Reset",
     "SetAttr",
@@ -89,7 +90,18 @@ class SetAttr:
     value: Any
 
 
-EnvCall = Reset | Step | Render | Close | GetAttr | CallMethod | SetAttr
+@dataclass(frozen=True, slots=True)
+class IsWrapped:
+    """Whether the env is, or is wrapped in, an instance of ``wrapper`` (a class).
+
+    The env's gymnasium wrappers are followed through ``.env`` from the outside
+    in, as Stable-Baselines3's ``is_wrapped`` does.
+    """
+
+    wrapper: type
+
+
+EnvCall = Reset | Step | Render | Close | GetAttr | CallMethod | SetAttr | IsWrapped
 
 STEP = Step()
 RENDER = Render()

@@ -62,7 +62,7 @@ class VectorCall(enum.Enum):
     STEP = "step()"
     SEND = "send()"
     RECV = "recv()"
-    INSPECT = "render()/call()/get_attr()/set_attr()"
+    INSPECT = "render()/call()/get_attr()/set_attr()/env_is_wrapped()"
     STEP_ASYNC = "step_async()"
     STEP_WAIT = "step_wait()"
     RESET_ASYNC = "reset_async()"

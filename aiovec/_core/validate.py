@@ -30,6 +30,7 @@ __all__ = (
     "check_autoreset_mode",
     "check_backend_options",
     "check_choice",
+    "check_distinct_envs",
     "check_env_fns",
     "check_env_ids",
     "check_max_concurrency",
@@ -323,14 +324,18 @@ def check_max_concurrency(value: object, backend: str = "inline") -> Any:
     return int(value)
 
 
-def check_values(values: object, num_envs: int) -> list[Any]:
-    """``set_attr`` values: one per env as a list/tuple, or one value for all."""
+def check_values(values: object, num_envs: int, count_of: str = "") -> list[Any]:
+    """``set_attr`` values: one per env as a list/tuple, or one value for all.
+
+    ``count_of`` names what ``num_envs`` counts when it is not every env
+    (``"len(env_ids)"``).
+    """
     if not isinstance(values, list | tuple):
         return [values] * num_envs
     if len(values) != num_envs:
         raise ValueError(
-            f"values must be a list or tuple of num_envs={num_envs} values (or a single value), "
-            f"got length {len(values)}"
+            f"values must be a list or tuple of {count_of or 'num_envs'}={num_envs} values "
+            f"(or a single value), got length {len(values)}"
         )
     return list(values)
 
@@ -448,6 +453,33 @@ def check_spaces(
                 raise ValueError(
                     f"all envs must share one {kind}: env {i} has {space} but env 0 has {first}"
                 )
+
+
+def check_distinct_envs(envs: Sequence[Any], first: int = 0) -> None:
+    """Each factory must have built an env of its own; ``envs[0]`` is env ``first``.
+
+    Two "envs" that are one object would step together, each step stepping both.
+    Envs are compared unwrapped (``env.unwrapped`` where there is one), as SB3's
+    vec envs compare them: new wrappers around one env are still one env.
+    """
+    seen: dict[int, int] = {}
+    for j, env in enumerate(envs):
+        inner = _unwrapped(env)
+        earlier = seen.setdefault(id(inner), j)
+        if earlier != j:
+            raise ValueError(
+                f"env_fns[{first + earlier}]() and env_fns[{first + j}]() returned the same env "
+                f"object ({type(inner).__name__}); each factory must build a new env "
+                "(e.g. `lambda: make_env()`, not `lambda: env`)"
+            )
+
+
+def _unwrapped(env: Any) -> Any:
+    try:
+        inner = env.unwrapped
+    except Exception:  # no such attribute, or one that fails: the env is its own
+        return env
+    return env if inner is None else inner
 
 
 # --------------------------------------------------------------------------- env results

@@ -14,6 +14,8 @@ import types
 from collections.abc import Coroutine, Sequence
 from typing import Any, cast
 
+import gymnasium
+
 from aiovec._core.calls import (
     CLOSE,
     STEP,
@@ -21,6 +23,7 @@ from aiovec._core.calls import (
     Close,
     EnvCall,
     GetAttr,
+    IsWrapped,
     Render,
     Reset,
     SetAttr,
@@ -58,6 +61,16 @@ def _set_attr(env: Any, name: str, value: Any) -> None:
         setattr(env, name, value)
 
 
+def _is_wrapped(env: Any, wrapper: type) -> bool:
+    """Whether ``env`` or a gymnasium wrapper inside it (through ``.env``) is a ``wrapper``."""
+    while True:
+        if isinstance(env, wrapper):
+            return True
+        if not isinstance(env, gymnasium.Wrapper):
+            return False
+        env = env.env
+
+
 def perform_sync(env: Any, call: EnvCall, action: Any = None) -> Any:
     """Make one call on a synchronous env."""
     if call is STEP:
@@ -65,6 +78,8 @@ def perform_sync(env: Any, call: EnvCall, action: Any = None) -> Any:
     kind = type(call)
     if kind is Reset:
         assert isinstance(call, Reset)
+        if call.options is None:  # as SB3's vec envs: an env's reset(seed) may take no options
+            return env.reset(seed=call.seed)
         return env.reset(seed=call.seed, options=call.options)
     if kind is Render:
         return env.render()
@@ -77,6 +92,9 @@ def perform_sync(env: Any, call: EnvCall, action: Any = None) -> Any:
         assert isinstance(call, CallMethod)
         target = _get_attr(env, call.name)
         return target(*call.args, **(call.kwargs or {})) if callable(target) else target
+    if kind is IsWrapped:
+        assert isinstance(call, IsWrapped)
+        return _is_wrapped(env, call.wrapper)
     assert isinstance(call, SetAttr), call
     _set_attr(env, call.name, call.value)
     return None

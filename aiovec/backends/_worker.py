@@ -847,6 +847,11 @@ def build_flow(fns: Sequence[Callable[[], Any]], first: int) -> GroupFlow[list[A
         except _BuildFailed:
             close_quietly([e for e in envs if not isinstance(e, BaseException)])
             raise
+    try:
+        validate.check_distinct_envs(envs, first)
+    except ValueError as exc:
+        close_quietly(envs)
+        raise _BuildFailed(first, exc, by_factory=False) from exc
     return list(envs)
 
 

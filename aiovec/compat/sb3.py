@@ -8,7 +8,7 @@ Example:
 
 Theory of operation
 -------------------
-SB3's ``VecEnv`` API differs from gymnasium's vector API in five ways; the
+SB3's ``VecEnv`` API differs from gymnasium's vector API in the ways below; the
 adapter translates each and keeps no rule of its own:
 
 1. **Autoreset.**  An SB3 env that ends is reset inside that same step: the
@@ -23,14 +23,32 @@ adapter translates each and keeps no rule of its own:
    ``"TimeLimit.truncated"`` set to ``truncated and not terminated``.
 3. **Seeds and options** are stored by ``seed()`` and ``set_options()`` and
    used once, by the next ``reset()``.  aiovec resets every env with the same
-   options, so per-env options that differ are refused.
+   options, so envs whose options differ are reset group by group with
+   ``reset_mask`` (each env once); that needs a first reset.
 4. **``step_async``/``step_wait``** are aiovec's ``send``/``recv``: the envs
    run between the two calls where they can (threads, worker processes).  A
    ``reset()`` after ``step_async`` first collects the steps in flight (SB3
-   says they are cancelled; their results are discarded).
-5. **Indices.**  aiovec's ``get_attr``/``set_attr``/``call`` address every env.
-   Reads (``get_attr``, ``env_is_wrapped``) accept any subset; ``set_attr`` and
-   ``env_method`` refuse a strict subset rather than touch envs they should not.
+   says they are cancelled; their results are discarded).  A step before the
+   first ``reset()``, which SB3's vec envs hand to envs never reset, resets
+   them first: aiovec's vector env needs that reset.
+5. **Indices.**  SB3's ``indices`` are aiovec's ``env_ids``: ``get_attr``,
+   ``set_attr``, ``env_method`` (aiovec's ``call``) and ``env_is_wrapped`` reach
+   the envs named and no others, on every backend (process and Ray workers are
+   asked about their own envs).  Negative indices count from the end, as in
+   SB3's list of envs.
+6. **Actions.**  SB3 indexes its actions by env: an array with ``num_envs``
+   rows, or a list or tuple of one action per env.  A list of per-env
+   ``Dict``/``Tuple`` actions is batched the way gymnasium batches them.
+7. **Copies.**  SB3's vec envs return infos (``terminal_observation``
+   included) that the envs no longer hold.  Where the envs live in this process
+   (``inline``, ``thread``) an info could hold an env's own objects: the values
+   that batching keeps in object arrays (the last observation and info, any
+   value that is not a number) are deep-copied, as ``DummyVecEnv`` copies its
+   infos; numbers come out of arrays made by batching, and a worker's results
+   arrive as copies already.
+8. **Errors.**  ``make_sb3_env`` re-raises a factory's exception as itself (with
+   a note naming the env), not wrapped in `aiovec.EnvError`, so SB3 code that
+   catches, e.g., ``gymnasium.error.DeprecatedEnv`` still does.
 
 An `aiovec.AsyncioVectorEnv` is driven through the runner that
 `aiovec.BlockingVectorEnv` uses: SB3 is synchronous code.
@@ -38,21 +56,25 @@ An `aiovec.AsyncioVectorEnv` is driven through the runner that
 
 from __future__ import annotations
 
+import copy as _copy
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from aiovec._blocking import BlockingVectorEnv
+from aiovec._core.lifecycle import State
 from aiovec._errors import EnvError
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
 
 try:
-    from stable_baselines3.common.env_util import is_wrapped
     from stable_baselines3.common.vec_env.base_vec_env import (
         VecEnv,
         VecEnvIndices,
@@ -67,6 +89,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 __all__ = ("SB3VecEnv", "make_sb3_env", "unbatch_infos")
 
 _FINAL = ("final_obs", "final_info")
+_COMPOSITE = (spaces.Dict, spaces.Tuple)
 
 
 def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecEnv:
@@ -80,10 +103,17 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
 
     Returns:
         The SB3 ``VecEnv``.
+
+    Raises:
+        Exception: A factory's own exception, as SB3's vec envs raise it (its
+            note names the env), where aiovec raises `aiovec.EnvError`.
     """
     if "autoreset_mode" in kwargs:
         raise TypeError("make_sb3_env sets autoreset_mode itself (SB3 needs SAME_STEP)")
-    venv = BlockingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    try:
+        venv = BlockingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    except EnvError as exc:
+        raise _raised_by_factory(exc) from None
     try:
         return SB3VecEnv(venv)
     except BaseException:
@@ -91,17 +121,47 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
         raise
 
 
-def unbatch_infos(infos: dict[str, Any], num_envs: int) -> list[dict[str, Any]]:
+def _raised_by_factory(error: EnvError) -> BaseException:
+    """A factory's own exception, noted with its env, from aiovec's report of it.
+
+    Any other failure (a worker that died as it built its envs) stays `aiovec.EnvError`.
+    """
+    i = error.env_index
+    if type(error) is not EnvError or error.operation != f"env_fns[{i}]()":
+        return error
+    cause = error.errors[i]
+    cause.add_note(f"(raised by env_fns[{i}](), as make_sb3_env built env {i})")
+    return cause
+
+
+def unbatch_infos(
+    infos: dict[str, Any], num_envs: int, *, copy: bool = False
+) -> list[dict[str, Any]]:
     """Gymnasium's vector infos (arrays with ``_key`` masks) as one dict per env.
 
     A key without a mask belongs to every env; nested dicts are unbatched too.
+
+    Args:
+        infos: A vector env's infos.
+        num_envs: The number of envs.
+        copy: Deep-copy what an object array holds (``final_obs``, ``final_info``,
+            any info value that is not a number): the very objects the envs
+            returned, where they live in this process.  Numbers come out of
+            arrays that batching made, so they are never an env's own.
     """
     per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
     for key, value in infos.items():
         if key.startswith("_"):
             continue
         mask = infos.get(f"_{key}")
-        values = unbatch_infos(value, num_envs) if isinstance(value, dict) else value
+        if isinstance(value, dict):
+            values: Any = unbatch_infos(value, num_envs, copy=copy)
+        elif copy and isinstance(value, np.ndarray) and value.dtype == object:
+            values = [
+                _copy.deepcopy(v) if mask is None or mask[i] else None for i, v in enumerate(value)
+            ]
+        else:
+            values = value
         for i, env_info in enumerate(per_env):
             if mask is None or mask[i]:
                 env_info[key] = values[i]
@@ -135,6 +195,7 @@ class SB3VecEnv(VecEnv):
                 "make_sb3_env(env_fns)"
             )
         self.venv = venv
+        self._copies = _envs_in_this_process(venv)  # their infos may hold the envs' objects
         self._runner = Runner() if isinstance(venv, AsyncioVectorEnv) else None
         self._sent = False
         try:
@@ -147,25 +208,63 @@ class SB3VecEnv(VecEnv):
     # -- the VecEnv API ------------------------------------------------------------
 
     def reset(self) -> VecEnvObs:
-        """Reset every env with the seeds and options stored since the last reset."""
+        """Reset every env with the seeds and options stored since the last reset.
+
+        Envs whose options differ are reset group by group (aiovec's ``reset_mask``),
+        each env once, with its own options.
+
+        Raises:
+            NotImplementedError: The options differ between envs and the vector
+                env has not been reset yet (a masked reset needs a first reset).
+        """
         seeds, options = self._seeds, self._options
+        groups: list[tuple[dict[str, Any] | None, list[int]]] = []
+        for i, option in enumerate(options):
+            found = next((envs for known, envs in groups if known == option), None)
+            if found is None:
+                groups.append((option, [i]))
+            else:
+                found.append(i)
+        if len(groups) > 1 and self.venv.state not in (State.READY, State.SENT):
+            raise NotImplementedError(
+                "set_options() with different options per env: aiovec resets the envs that "
+                "share options together (reset_mask), which needs a first reset(); call "
+                f"reset() once before (the vector env is {self.venv.state.name})"
+            )
         self._reset_seeds()
         self._reset_options()
-        if any(option != options[0] for option in options):
-            raise NotImplementedError(
-                "aiovec resets every env with the same options; set_options(dict) works, "
-                "a list of different options does not"
-            )
         self._collect_sent()
         seed = None if all(s is None for s in seeds) else list(seeds)
         obs: VecEnvObs
-        obs, infos = self._do("reset", seed=seed, options=options[0] or None)
-        self.reset_infos = unbatch_infos(infos, self.num_envs)
-        return obs
+        if len(groups) == 1:
+            obs, infos = self._do("reset", seed=seed, options=options[0] or None)
+            self.reset_infos = unbatch_infos(infos, self.num_envs)
+            return obs
+        reset_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for shared, envs in groups:
+            mask = np.zeros(self.num_envs, np.bool_)
+            mask[envs] = True
+            obs, infos = self._do(
+                "reset", seed=seed, options={**(shared or {}), "reset_mask": mask}
+            )
+            per_env = unbatch_infos(infos, self.num_envs)
+            for i in envs:
+                reset_infos[i] = per_env[i]
+        self.reset_infos = reset_infos
+        return obs  # the last masked reset's batch holds every env's new observation
 
-    def step_async(self, actions: np.ndarray) -> None:
-        """Start a step of every env (aiovec's ``send``)."""
-        self._do("send", actions)
+    def step_async(self, actions: np.ndarray | Sequence[Any]) -> None:
+        """Start a step of every env (aiovec's ``send``).
+
+        Args:
+            actions: One action per env, as SB3's vec envs take them: an array
+                with ``num_envs`` rows, or a list or tuple of per-env actions
+                (of any space, ``Dict`` and ``Tuple`` included); aiovec's
+                batched form (e.g. a dict of batched arrays) works too.
+        """
+        if self.venv.state is State.NEEDS_RESET:  # SB3 steps envs never reset: reset them first
+            self.reset()
+        self._do("send", self._batched(actions))
         self._sent = True
 
     def step_wait(self) -> VecEnvStepReturn:
@@ -173,7 +272,7 @@ class SB3VecEnv(VecEnv):
         self._sent = False
         obs, rewards, terminations, truncations, infos, _ids = self._do("recv")
         dones = terminations | truncations
-        per_env = unbatch_infos(infos, self.num_envs)
+        per_env = unbatch_infos(infos, self.num_envs, copy=self._copies)
         for i in np.flatnonzero(dones).tolist():
             per_env[i] = self._ended(i, per_env[i])
         for i, info in enumerate(per_env):
@@ -194,18 +293,22 @@ class SB3VecEnv(VecEnv):
         Raises:
             AttributeError: Some env has no such attribute.
         """
+        env_ids = self._env_ids(indices)
+        if env_ids == []:
+            return []
         try:
-            values = self._do("get_attr", attr_name)
+            return list(self._do("get_attr", attr_name, env_ids=env_ids))
         except EnvError as exc:
             if all(isinstance(e, AttributeError) for e in exc.errors.values()):
                 raise AttributeError(str(exc)) from exc
             raise
-        return [values[i] for i in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        """Set ``attr_name`` to ``value`` on every env (``indices`` must cover them all)."""
-        self._every_env(indices, "set_attr")
-        self._do("set_attr", attr_name, [value] * self.num_envs)
+        """Set ``attr_name`` to ``value`` on the envs in ``indices`` (and no others)."""
+        env_ids = self._env_ids(indices)
+        count = self.num_envs if env_ids is None else len(env_ids)
+        if count:
+            self._do("set_attr", attr_name, [value] * count, env_ids=env_ids)
 
     def env_method(
         self,
@@ -214,31 +317,22 @@ class SB3VecEnv(VecEnv):
         indices: VecEnvIndices = None,
         **method_kwargs: Any,
     ) -> list[Any]:
-        """Call ``method_name`` on every env (``indices`` must cover them all)."""
-        self._every_env(indices, "env_method")
-        return list(self._do("call", method_name, *method_args, **method_kwargs))
+        """Call ``method_name`` on the envs in ``indices`` (and no others); their results."""
+        env_ids = self._env_ids(indices)
+        if env_ids == []:
+            return []
+        return list(self._do("call", method_name, *method_args, env_ids=env_ids, **method_kwargs))
 
     def env_is_wrapped(
         self,
         wrapper_class: type[gymnasium.Wrapper[Any, Any, Any, Any]],
         indices: VecEnvIndices = None,
     ) -> list[bool]:
-        """Whether each env in ``indices`` is wrapped in ``wrapper_class``.
-
-        Raises:
-            NotImplementedError: On ``backend="process"``, whose envs live in
-                workers (wrap the vector env in ``VecMonitor`` instead of
-                checking for ``Monitor``).
-        """
-        try:
-            envs = self.venv.envs
-        except AttributeError as exc:
-            raise NotImplementedError(
-                "env_is_wrapped needs the env objects, which this backend "
-                "keeps in its workers; wrap this VecEnv in VecMonitor rather than each env in "
-                "Monitor"
-            ) from exc
-        return [is_wrapped(envs[i], wrapper_class) for i in self._get_indices(indices)]
+        """Whether each env in ``indices`` is wrapped in ``wrapper_class`` (every backend)."""
+        env_ids = self._env_ids(indices)
+        if env_ids == []:
+            return []
+        return list(self._do("env_is_wrapped", wrapper_class, env_ids=env_ids))
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         """Each env's ``render()`` frame."""
@@ -266,17 +360,38 @@ class SB3VecEnv(VecEnv):
             ended["terminal_observation"] = info["final_obs"]
         return ended
 
-    def _every_env(self, indices: VecEnvIndices, method: str) -> None:
-        if sorted(self._get_indices(indices)) != list(range(self.num_envs)):
-            raise NotImplementedError(
-                f"{method} with indices={indices!r}: aiovec calls every env at once, so "
-                "only indices=None (or all of them) is supported"
-            )
-
-    def _get_indices(self, indices: VecEnvIndices) -> Iterable[int]:
+    def _env_ids(self, indices: VecEnvIndices) -> list[int] | None:
+        """SB3's ``indices`` as aiovec's ``env_ids`` (``None``: every env; ``-1``: the last)."""
+        if indices is None:
+            return None
         if isinstance(indices, np.integer):
             indices = int(indices)
-        return super()._get_indices(indices)
+        n = self.num_envs  # SB3 indexes a list of envs: -1 is the last one
+        return [
+            i + n if -n <= i < 0 else i for i in map(operator.index, self._get_indices(indices))
+        ]
+
+    def _batched(self, actions: Any) -> Any:
+        """A list or tuple of per-env actions of a ``Dict``/``Tuple`` space, batched."""
+        space = self.venv.single_action_space
+        if not isinstance(actions, list | tuple) or not isinstance(space, _COMPOSITE):
+            return actions  # arrays (and lists of array-like actions) are aiovec's own input
+        if len(actions) != self.num_envs:
+            raise ValueError(
+                f"actions must hold one action per env (num_envs={self.num_envs}), "
+                f"got {len(actions)}"
+            )
+        batch = create_empty_array(space, self.num_envs)
+        assert batch is not None  # a Dict or Tuple space
+        return concatenate(space, actions, batch)
+
+
+def _envs_in_this_process(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> bool:
+    """Whether the envs are objects of this process (``inline``, ``thread``)."""
+    try:
+        return venv.envs is not None
+    except AttributeError:
+        return False
 
 
 async def _completed(method: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
