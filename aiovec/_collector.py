@@ -42,7 +42,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
 from aiovec._core.autoreset import ResetHook
-from aiovec._core.segments import SegmentBatch, SegmentBook, row_infos, tree_map
+from aiovec._core.segments import SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
 from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("Collector", "SegmentBatch")
@@ -282,7 +282,7 @@ class _Driver:
         spaces = venv.single_observation_space, venv.single_action_space
         self.book = SegmentBook(*spaces, venv.num_envs, self.length)
         ids = np.arange(venv.num_envs)
-        self.book.observed(ids, obs)
+        self.book.observed(ids, as_tree(venv.single_observation_space, obs))
         self.last_actions = self.book.action_rows()
         self._became_ready(ids.tolist())
 
@@ -349,6 +349,7 @@ class _Driver:
         obs, rewards, terminations, truncations, infos, ids = batch
         if not len(ids):
             return
+        obs = as_tree(self.venv.single_observation_space, obs)
         assert self.book is not None
         resets = self.resetting[ids]
         if resets.any():  # NEXT_STEP reset rows: a new episode's first observation
@@ -427,6 +428,7 @@ class _Driver:
         mask[self.parked] = True
         self.parked.clear()
         obs, _ = await self.venv.reset(options={"reset_mask": mask})
+        obs = as_tree(self.venv.single_observation_space, obs)
         ids = np.flatnonzero(mask)
         self.book.observed(ids, tree_map(lambda a: a[ids], obs))
         self._became_ready(ids.tolist())

@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import create_empty_array
 
-__all__ = ("SegmentBatch", "SegmentBook", "row_infos", "tree_map")
+__all__ = ("SegmentBatch", "SegmentBook", "as_tree", "row_infos", "tree_map")
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
@@ -33,9 +33,32 @@ def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
 
 
 def _empty(space: spaces.Space[Any], shape: tuple[int, ...]) -> Any:
-    """Zeros of ``space``'s batched form, with leading axes ``shape``."""
+    """Zeros of ``space``'s batched form, with leading axes ``shape``.
+
+    Dict and Tuple spaces nest; a space gymnasium batches as a tuple of items
+    (Text, Graph, Sequence) is an object array.
+    """
+    if isinstance(space, spaces.Dict):
+        return {k: _empty(sub, shape) for k, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_empty(sub, shape) for sub in space.spaces)
     flat = create_empty_array(space, n=int(np.prod(shape)), fn=np.zeros)
-    return tree_map(lambda a: a.reshape(*shape, *a.shape[1:]), flat)
+    if not isinstance(flat, np.ndarray):
+        return np.empty(shape, dtype=object)
+    return flat.reshape(*shape, *flat.shape[1:])
+
+
+def as_tree(space: spaces.Space[Any], batch: Any) -> Any:
+    """A batch of ``space`` as nested dicts/tuples of arrays (an item tuple -> an object array)."""
+    if isinstance(space, spaces.Dict):
+        return {k: as_tree(sub, batch[k]) for k, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(as_tree(sub, part) for sub, part in zip(space.spaces, batch, strict=True))
+    if isinstance(batch, np.ndarray):
+        return batch
+    items = np.empty(len(batch), dtype=object)
+    items[:] = list(batch)
+    return items
 
 
 def row_infos(infos: Mapping[str, Any], rows: int) -> list[dict[str, Any]]:
