@@ -10,7 +10,8 @@ logging work as they do there) until ``batch_size`` segments are finished:
   once; an ``async def`` policy becomes a task (several may be in flight) and
   its actions are sent when it is done (`_harvest`);
 - `_wait` waits for whatever comes first that it can wait on: an env's step
-  (``recv(min_envs=1)``), a policy call, or the end of ``max_wait``.  While
+  (``recv(min_envs=1)``; with ``max_wait``, as many as fill a policy call),
+  a policy call, or the end of ``max_wait``.  While
   both envs and policy calls are out, ``recv`` returns every ``_POLL``
   seconds at the latest, as the vector env allows no ``send`` during a
   ``recv``: a policy's answer waits that long at most;
@@ -243,12 +244,14 @@ class _Driver:
         self.max_batch = max_batch or venv.num_envs
         self.max_wait = max_wait
         self.version = self.dropped = 0
+        self.out = 0  # envs sent, not yet received
         self.book: SegmentBook | None = None
         self.ready: list[int] = []  # envs whose observation waits for the policy
         self.ready_since = 0.0  # when the oldest of them became ready
         self.calls: dict[asyncio.Task[Any], tuple[np.ndarray, int]] = {}  # async policy calls
         self.resetting = np.zeros(venv.num_envs, np.bool_)  # NEXT_STEP reset rows out
         self.parked: list[int] = []  # DISABLED: ended envs waiting for a reset
+        self.reset_due: list[int] = []  # NEXT_STEP: ended envs whose reset row is not sent yet
         self.last_actions: Any = None
         self.mode = venv.autoreset_mode
 
@@ -295,9 +298,11 @@ class _Driver:
             del self.ready[: self.max_batch]
             self.ready_since = time.perf_counter()
             self._call_policy(ids)
+        if self.reset_due:  # no policy call took them along
+            self._send(np.zeros(0, np.int64), tree_map(lambda a: a[:0], self.last_actions))
 
     def _waited_enough(self) -> bool:
-        if not self.max_wait or not (self.venv.state.name == "SENT" or self.calls):
+        if not self.max_wait or not (self.out or self.calls):
             return True  # nothing else can make an env ready
         return time.perf_counter() - self.ready_since >= self.max_wait
 
@@ -318,7 +323,20 @@ class _Driver:
         actions = tree_map(np.asarray, actions)
         self.book.acted(ids, actions, extras, version)
         tree_map(lambda buf, a: buf.__setitem__(ids, a), self.last_actions, actions)
+        self._send(ids, actions)
+
+    def _send(self, ids: np.ndarray, actions: Any) -> None:
+        """Send ``actions`` to ``ids``, and the reset rows due with them (one request)."""
+        if self.reset_due:  # NEXT_STEP: an ended env's reset, its action ignored
+            due = np.array(self.reset_due, np.int64)
+            self.reset_due.clear()
+            self.resetting[due] = True
+            ids = np.concatenate([ids, due])
+            actions = tree_map(
+                lambda a, last: np.concatenate([a, last[due]]), actions, self.last_actions
+            )
         self.venv.send(actions, ids)
+        self.out += len(ids)
 
     def _harvest(self) -> None:
         """Send the actions of the policy calls that are done (an error propagates)."""
@@ -330,14 +348,22 @@ class _Driver:
 
     async def _wait(self) -> None:
         limit = self._wait_limit()
-        if self.venv.state.name == "SENT":
+        if limit is not None and limit <= 0:
+            return  # max_wait is over: the ready envs go to the policy now
+        if self.out:
             timeout = limit if not self.calls else min(limit or _POLL, _POLL)
-            self._received(await self.venv.recv(min_envs=1, timeout=timeout))
+            self._received(await self.venv.recv(min_envs=self._wanted(), timeout=timeout))
         elif self.calls:
             await asyncio.wait(self.calls, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
         elif self.parked:
             await self._reset_parked()
         self._harvest()
+
+    def _wanted(self) -> int:
+        """``recv``'s ``min_envs``: 1, or under ``max_wait`` what fills a policy call."""
+        if not self.max_wait:
+            return 1
+        return max(1, min(self.out, self.max_batch - len(self.ready)))
 
     def _wait_limit(self) -> float | None:
         """How long to wait before ready envs must go to the policy (``max_wait``)."""
@@ -349,6 +375,7 @@ class _Driver:
         obs, rewards, terminations, truncations, infos, ids = batch
         if not len(ids):
             return
+        self.out -= len(ids)
         obs = as_tree(self.venv.single_observation_space, obs)
         assert self.book is not None
         resets = self.resetting[ids]
@@ -415,9 +442,8 @@ class _Driver:
             return
         self._became_ready(ids[~ended].tolist())
         done = ids[ended]
-        if self.mode is AutoresetMode.NEXT_STEP:  # the reset row, its action ignored
-            self.resetting[done] = True
-            self.venv.send(tree_map(lambda a: a[done], self.last_actions), done)
+        if self.mode is AutoresetMode.NEXT_STEP:  # sent with the next actions (`_send`)
+            self.reset_due.extend(done.tolist())
         else:
             self.parked.extend(done.tolist())
 
@@ -446,3 +472,6 @@ class _Driver:
             await asyncio.wait(self.calls)
         self.calls.clear()
         await self.venv._stop_sent("a Collector stopped with envs in flight")
+        self.book, self.out, self.ready, self.parked = None, 0, [], []  # iterating resets
+        self.reset_due = []
+        self.resetting[:] = False
