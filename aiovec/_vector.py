@@ -267,6 +267,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._sent_reset: tuple[np.ndarray | None, dict[int, BaseException]] = (None, {})
         """The mask of the reset in flight (RESET_SENT) and the lost envs it could not rebuild."""
         self._sent_at = [0.0] * self.num_envs  # when send() launched each env (perf_counter)
+        self._held: Outcomes = ({}, {})
+        """Outcomes of sent envs that came while a restart waited for its own envs."""
         self._restarts = RestartBook(self.restart_policy or RestartPolicy(), self.num_envs)
         self._all = range(self.num_envs)
 
@@ -513,11 +515,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 )
             if name == "step":
                 self._check_steps(results, errors)
-            if errors and not late and self._restartable(errors, step=name == "step"):
+            while errors and not late and self._restartable(errors, step=name == "step"):
                 refusal = self._charge_restarts(errors)
-                if not refusal:
-                    results.update(await self._restart(errors, "step"))
-                    errors = {}
+                if refusal:
+                    break
+                results.update(await self._restart(errors, "step"))
+                # what other sent envs delivered while the restart waited for its own
+                more, errors = self._take_held(({}, {}))
+                self._check_steps(more, errors)
+                results.update(more)
         except GeneratorExit:
             self._abandon_sent(f"{call} was abandoned unfinished")
             raise
@@ -561,25 +567,32 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         name: str,
         launched: Callable[[int], float],
         until: float | None = None,
+        *,
+        own: set[int] | None = None,
     ) -> Outcomes:
         """Collect until ``wanted`` envs are in, none is in flight, or ``until`` passed.
 
         An env still running ``timeout`` seconds after its own start (see
         `_core.deadlines`) is cancelled and fails with ``TimeoutError``; its
         start is never before ``launched(i)``, when its call was launched.
-        Times are on the ``time.perf_counter`` clock.
+        Times are on the ``time.perf_counter`` clock.  With ``own``, only those
+        envs are collected (and timed): the outcomes of the others are held
+        for the `recv` in progress (`_keep`).
         """
         backend = self._backend
         assert backend is not None
-        results, errors = backend.take()
+        if own is None:
+            results, errors = self._take_held(backend.take())
+        else:
+            results, errors = self._keep(backend.take(), own)
         expired: set[int] = set()
-        while len(results) + len(errors) < wanted and backend.pending:
+        while len(results) + len(errors) < wanted and self._out(own):
             now = time.perf_counter()
             wait: float | None = None
             if timeout is not None:
+                out = backend.pending if own is None else backend.pending & own
                 starts = (
-                    (i, _not_before(backend.started_at(i), launched(i)))
-                    for i in backend.pending - expired
+                    (i, _not_before(backend.started_at(i), launched(i))) for i in out - expired
                 )
                 late, wait = overdue(starts, timeout, now)
                 if late:
@@ -590,8 +603,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 if until <= now:
                     break  # the caller's timeout
                 wait = until - now if wait is None else min(wait, until - now)
-            more_results, more_errors = await backend.collect(
-                wanted - len(results) - len(errors), wait
+            more_results, more_errors = self._keep(
+                await backend.collect(wanted - len(results) - len(errors), wait), own
             )
             if not results and not errors:
                 results, errors = more_results, more_errors  # keep the backend's own mapping
@@ -599,7 +612,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 results.update(more_results)
                 errors.update(more_errors)
         if expired:  # the outcomes their cancellation delivered
-            more_results, more_errors = backend.take()
+            more_results, more_errors = self._keep(backend.take(), own)
             results.update(more_results)
             errors.update(more_errors)
         timed_out = sorted(i for i in expired.intersection(errors) if _cancelled(errors[i]))
@@ -609,6 +622,34 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             logger.warning(
                 "%s did not answer %s() within %s s; cancelled", _envs(timed_out), name, timeout
             )
+        return results, errors
+
+    def _out(self, own: set[int] | None) -> bool:
+        """Whether some env is still in flight (of ``own``, when given)."""
+        pending = self._backend.pending  # type: ignore[union-attr]
+        return bool(pending) if own is None else not own.isdisjoint(pending)
+
+    def _keep(self, outcomes: Outcomes, own: set[int] | None) -> Outcomes:
+        """``outcomes`` of the envs ``own`` (all when ``None``); hold the others' for `recv`."""
+        if own is None:
+            return outcomes
+        held_results, held_errors = self._held
+        results, errors = outcomes
+        for i in [i for i in results if i not in own]:
+            held_results[i] = results.pop(i)
+        for i in [i for i in errors if i not in own]:
+            held_errors[i] = errors.pop(i)
+        return results, errors
+
+    def _take_held(self, outcomes: Outcomes) -> Outcomes:
+        """``outcomes`` with the held ones added (they came first); nothing is held after."""
+        held_results, held_errors = self._held
+        if not held_results and not held_errors:
+            return outcomes
+        self._held = ({}, {})
+        results, errors = outcomes
+        results.update(held_results)
+        errors.update(held_errors)
         return results, errors
 
     def _timeout_of(self, name: str) -> float | None:
@@ -621,6 +662,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         assert backend is not None
         await backend.drain()
         self._in_flight.clear()
+        self._held = ({}, {})
 
     async def _stop_sent(self, reason: str) -> None:
         """Cancel (and wait for) the envs in flight from send(); a reset is needed then."""
@@ -633,6 +675,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         assert backend is not None
         backend.cancel()
         self._in_flight.clear()
+        self._held = ({}, {})
         self._life.break_(reason)
 
     # -- gymnasium's AsyncVectorEnv spellings (BlockingVectorEnv's; one set of rules) --
@@ -814,17 +857,20 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         unbuilt = await self._rebuild_lost(indices) if op.name == "reset" else {}
         timeout = self._timeout_of(op.name)
         since = 0.0 if timeout is None else time.perf_counter()
+        own = set(indices) if self._in_flight else None  # a restart amid sent envs
         backend.launch(indices, op)
         if not backend.pending:
-            results, errors = backend.take()
+            results, errors = self._keep(backend.take(), own)
             errors.update(unbuilt)  # why they are still lost
             return results, errors
         if self._unwound is None:
             self._unwound = asyncio.get_running_loop().create_future()
-        if timeout is None:
+        if timeout is None and own is None:
             results, errors = await backend.collect(len(indices))
         else:
-            results, errors = await self._collect(len(indices), timeout, op.name, lambda i: since)
+            results, errors = await self._collect(
+                len(indices), timeout, op.name, lambda i: since, own=own
+            )
         errors.update(unbuilt)
         return results, errors
 

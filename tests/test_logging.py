@@ -8,6 +8,7 @@ itself, not synchronisation) is over it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -201,3 +202,59 @@ async def test_a_restart_and_giving_up_are_logged(caplog):
 def test_aiovec_adds_no_handler_of_its_own():
     """The logging HOWTO: a library leaves handlers to the application."""
     assert logging.getLogger("aiovec").handlers == []
+
+
+class Collecting(PoliteEnv):
+    """Its step runs a full collection, as an allocation in any env may: a long pause
+    that is the collector's, not the env's (``garbage`` makes it long)."""
+
+    pauses: list[float] = []  # noqa: RUF012  (what the test reads back)
+
+    async def step(self, action):
+        start = time.perf_counter()
+        gc.collect()
+        self.pauses.append(time.perf_counter() - start)
+        await asyncio.sleep(0)
+        return 0, 0.0, False, False, {}
+
+
+@pytest.mark.asyncio
+async def test_a_garbage_collection_inside_an_envs_stretch_is_not_the_envs(low_limit, caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    garbage = [[] for _ in range(1_500_000)]  # many tracked objects: a long collection
+    Collecting.pauses.clear()
+    await run([PoliteEnv, Collecting, PoliteEnv], steps=3)
+    assert max(Collecting.pauses) > LIMIT  # each pause was over the limit...
+    assert hog_warnings(caplog) == []  # ...and nobody was blamed for it
+    del garbage
+
+
+class Waiting(PoliteEnv):
+    async def step(self, action):
+        await asyncio.sleep(0.005)
+        return 0, 0.0, False, False, {}
+
+
+class SleepingHog(PoliteEnv):
+    async def step(self, action):
+        time.sleep(0.25)  # noqa: ASYNC251  (the blocking call this test is about)
+        await asyncio.sleep(0)
+        return 0, 0.0, False, False, {}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.asyncio
+async def test_twenty_thousand_waiting_envs_are_never_called_hogs(caplog):
+    # the default limit and the default collector settings: the generation-2
+    # collections over 20,000 envs' objects used to be blamed on some env
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([Waiting] * 20_000, steps=10)
+    assert hog_warnings(caplog) == []
+
+
+@pytest.mark.asyncio
+async def test_a_real_hog_among_many_waiting_envs_is_named_at_the_default_limit(caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([Waiting] * 500 + [SleepingHog] + [Waiting] * 499, steps=2)
+    (warning,) = hog_warnings(caplog)
+    assert warning.startswith("env 500 held the event loop for 0.2")

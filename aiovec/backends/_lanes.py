@@ -19,7 +19,7 @@ Two things keep this indistinguishable from a real task per call:
 A lane carries a coroutine on one slice at a time (``coro.send``/``throw``
 between two suspensions) and times each slice with two clock reads: a slice
 longer than the loop's ``slow_callback_duration`` is reported through
-``on_slow`` (an env that blocks the loop; see ``aiovec._log``).
+``on_slow(i, start, stop)`` (an env that may block the loop; see ``aiovec._log``).
 
 A lane is cancelled to cancel its env's call; cancellation ends the lane, and a
 new one is made for the env's next call.  Python 3.12 made eager tasks a
@@ -53,7 +53,7 @@ PENDING: Any = object()
 """Returned by `Lanes.start` for a coroutine that suspended."""
 
 OnDone = Callable[[int, Any, BaseException | None], None]
-OnSlow = Callable[[int, float], None]
+OnSlow = Callable[[int, float, float], None]
 Then = Callable[[int, Any], Any]
 """``then(i, value)``: the next coroutine (``async def``) of env ``i``'s call, or its value."""
 
@@ -238,9 +238,9 @@ class Lanes:
                             value: Any = stop.value
                             break
                         finally:
-                            held = clock() - start
-                            if held > limit:
-                                on_slow(i, held)
+                            end = clock()
+                            if end - start > limit:
+                                on_slow(i, start, end)
                     if then is None:
                         break
                     # The call goes on: its next coroutine, or its value.

@@ -24,7 +24,7 @@ import anyio
 from aiovec._core.calls import STEP, flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
-from aiovec._log import MIN_SLOW_SLICE, slow_slice_limit, warn_slow_slice
+from aiovec._log import GC_PAUSES, MIN_SLOW_SLICE, held_by_env, slow_slice_limit, warn_slow_slice
 from aiovec.backends._base import Backend, EnvTraits, build_envs, make_env
 from aiovec.backends._drive import (
     StepFlow,
@@ -71,6 +71,7 @@ class InlineBackend(Backend):
         self._flows: list[StepFlow | None] = [None] * self.num_envs
         self._actions: list[Any] = [None] * self.num_envs  # of each async env's step in flight
         self._lanes = Lanes(self.num_envs, self._finish, self._slow)
+        GC_PAUSES.install()  # a collection inside an env's stretch is not the env's doing
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
         self._operation = ""  # the name of the op launched last, for a warning
         self._slow_envs: set[int] = set()  # envs already warned of holding the loop
@@ -118,8 +119,8 @@ class InlineBackend(Backend):
                     results[i] = step_sync(envs[i], flow, first, action)
                 except BaseException as exc:
                     self._fail(i, exc)
-            held = time.perf_counter() - since
-            if held > MIN_SLOW_SLICE and held > slow_slice_limit():
+            now = time.perf_counter()
+            if now - since > MIN_SLOW_SLICE and held_by_env(since, now) > slow_slice_limit():
                 self._time_each_step = True  # some env may hold the loop: find which
 
     def _run_each(self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]]) -> None:
@@ -154,17 +155,24 @@ class InlineBackend(Backend):
                 finally:
                     now = clock()
                     if now - last > limit:
-                        self._slow(i, now - last)
+                        self._slow(i, last, now)
                     last = now
         finally:
             if loop is not None:
                 lanes.leave(caller)
 
-    def _slow(self, i: int, seconds: float) -> None:
-        """Env ``i`` held the loop for ``seconds`` in one stretch: say so, once per env."""
-        if i not in self._slow_envs:
+    def _slow(self, i: int, start: float, stop: float) -> None:
+        """Env ``i`` held the loop from ``start`` to ``stop``: say so, once per env.
+
+        The garbage collector's pauses within that stretch are not the env's.
+        """
+        if i in self._slow_envs:
+            return
+        limit = slow_slice_limit()
+        held = held_by_env(start, stop)
+        if held > limit:
             self._slow_envs.add(i)
-            warn_slow_slice(i, self._operation, seconds, slow_slice_limit())
+            warn_slow_slice(i, self._operation, held, limit)
 
     def _queuer(self, i: int) -> Callable[[bool], None]:
         """Env ``i``'s hook for `limited`: it waits for a concurrency slot, or no longer."""
@@ -213,7 +221,7 @@ class InlineBackend(Backend):
                 finally:  # each env's stretch on the loop is timed (one clock read per env)
                     now = clock()
                     if now - last > limit:
-                        self._slow(i, now - last)
+                        self._slow(i, last, now)
                     last = now
         finally:
             lanes.leave(caller)
