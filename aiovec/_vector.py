@@ -930,7 +930,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             tried += 1
             todo = await backend.rebuild(sorted(todo)) or {}
             rebuilt = [i for i in failed if i not in rows and i not in todo]
-            reset_op = CallOp([Reset()] * len(rebuilt), "reset")
+            reset_op = CallOp([self._restart_reset(i) for i in rebuilt], "reset")
             resets, reset_errors = await self._gather(rebuilt, reset_op)
             rows.update((i, restarted_row(resets[i], messages[i])) for i in resets)
             todo.update(reset_errors)
@@ -945,6 +945,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             describe_error(todo[min(todo)]),
         )
         raise EnvError(todo, f"{name}() (restart failed after {tried} attempts over {down:.3g} s)")
+
+    def _restart_reset(self, i: int) -> Reset:
+        """A restarted env's reset: it starts an episode, with the hook's options if any."""
+        return Reset(options=self._autoreset.reset_options(i, None))
 
     def _charge_restarts(self, failed: dict[int, BaseException]) -> str:
         """Charge a restart to every failed env, or to none if one is over its limit.

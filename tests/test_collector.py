@@ -272,11 +272,15 @@ def test_async_policy_has_several_calls_in_flight(front_end: str) -> None:
     check_oracle(fns, batches)
 
 
-def test_restart_mid_segment_keeps_earlier_transitions(front_end: str) -> None:
+def test_restart_mid_segment_keeps_earlier_transitions(backend: str, front_end: str) -> None:
+    """Other envs finish while the failed one restarts (async envs in a random order)."""
     fns = space_env_fns(N, min_len=50, max_len=50)
     faulty = list(fns)
     faulty[1] = functools.partial(_faulty, fns[1])
-    adapter = open_front_end(front_end, faulty, on_error="restart")
+    flavour = "sync" if backend == "thread" else "async"
+    adapter = open_front_end(
+        front_end, faulty, flavour=flavour, backend=backend, on_error="restart"
+    )
     try:
         batches = run_collector(
             adapter, random_policy(adapter.venv.single_action_space), 4, segment_length=6
@@ -292,6 +296,36 @@ def test_restart_mid_segment_keeps_earlier_transitions(front_end: str) -> None:
     # the two steps before the failure are the env's own
     want = replay(fns[1], 11, batch.actions[k, :2])
     np.testing.assert_array_equal(batch.next_obs[k, :2], np.array(want["next_obs"]))
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_a_restarted_env_starts_its_episode_with_the_hooks_options(
+    front_end: str, mode: Any
+) -> None:
+    fns = space_env_fns(N, min_len=9, max_len=9)
+    fns[1] = functools.partial(_faulty_once, fns[1], [])  # the rebuilt env does not fail
+    adapter = open_front_end(front_end, fns, on_error="restart", autoreset_mode=mode)
+    try:
+        policy = random_policy(adapter.venv.single_action_space)
+        batches = run_collector(adapter, policy, 6, segment_length=4, reset_options=Lengths())
+    finally:
+        adapter.shutdown()
+    mine = [(b, k) for b in batches for k in np.flatnonzero(b.env_ids == 1).tolist()]
+    ends = np.concatenate([b.terminations[k] | b.truncations[k] for b, k in mine])
+    errors = np.concatenate(
+        [b.infos.get("_error", np.zeros((len(b.env_ids), 4), bool))[k] for b, k in mine]
+    )
+    assert errors.sum() == 1
+    start = 0
+    for episode, end in enumerate(np.flatnonzero(ends).tolist()):
+        if not errors[end]:  # an episode the error did not cut short
+            assert end + 1 - start == 1 + (1 + episode) % 3, episode
+        start = end + 1
+
+
+def _faulty_once(fn: Callable[[], Any], made: list[int]) -> Any:
+    made.append(1)
+    return _faulty(fn) if len(made) == 1 else fn()
 
 
 def _faulty(fn: Callable[[], Any]) -> Any:

@@ -7,7 +7,8 @@ reset-options hook, each env's episode count and its next episode's options.
 
 The hook, ``reset_options(env_id, episode) -> dict | None``, is asked once
 per episode of each env (``episode`` counts from 0, the first reset), no
-later than the call that may reset the env is sent: at ``reset()``, at the
+later than the call that may reset the env is sent: at ``reset()``, at a
+restart's reset, at the
 ``NEXT_STEP`` step that autoresets the env, and, under ``SAME_STEP``, at the
 first step of the episode before (the env resets inside a step, maybe in a
 worker, so its options travel with every step until it ends).  An episode's
