@@ -16,18 +16,24 @@ the slow steps; the six runs go in parallel processes), or with
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import os
-import random
-import time
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any
 
-import gymnasium
-import numpy as np
+# Six runs go in parallel processes, and the agent's matrices are small: one BLAS
+# thread each (several would fight over the cores and be 3x slower).
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
-import aiovec
+import asyncio  # noqa: E402
+import itertools  # noqa: E402
+import random  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from typing import Any  # noqa: E402
+
+import gymnasium  # noqa: E402
+import numpy as np  # noqa: E402
+
+import aiovec  # noqa: E402
 
 QUICK = os.environ.get("AIOVEC_EXAMPLES_QUICK") == "1"
 NUM_ENVS, SEGMENT = (4, 8) if QUICK else (64, 16)
