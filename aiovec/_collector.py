@@ -221,8 +221,10 @@ def _put_row(tree: Any, k: int, value: Any) -> None:
 
 
 def _check_count(name: str, value: object, *, least: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {validate.describe(value)}")
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int >= {least}, got {validate.describe(value)}")
+    if value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value}")
 
 
 class _Driver:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -369,4 +370,68 @@ def test_break_stops_every_env_call(
         adapter.reset(seed=0)  # the hung calls are gone: a reset answers
     finally:
         gate.release()
+        adapter.shutdown()
+
+
+def _zeros(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+    return np.zeros(len(env_ids), np.int64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"envs": "venv"}, TypeError, "envs must be an aiovec.AsyncioVectorEnv or aiovec.Block"),
+        ({"policy": 3}, TypeError, "policy must be callable, got int 3"),
+        ({"segment_length": 0}, ValueError, "segment_length must be an int >= 1, got 0"),
+        ({"batch_size": 2.0}, TypeError, "batch_size must be an int >= 1, got float 2.0"),
+        ({"max_batch": True}, TypeError, "max_batch must be an int >= 1, got bool True"),
+        ({"max_wait": -1}, ValueError, "max_wait must be a positive number of seconds"),
+        ({"max_lag": -1}, ValueError, "max_lag must be an int >= 0, got -1"),
+        ({"reset_options": 5}, TypeError, "reset_options must be a callable"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_env_is_touched(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    adapter = open_front_end("blocking", space_env_fns(2))
+    arguments: dict[str, Any] = {
+        "envs": adapter.venv,
+        "policy": _zeros,
+        "segment_length": 2,
+        "batch_size": 1,
+        **kwargs,
+    }
+    try:
+        with pytest.raises(error, match=re.escape(message)):
+            aiovec.Collector(arguments.pop("envs"), arguments.pop("policy"), **arguments)
+        assert adapter.venv.state is aiovec.State.NEEDS_RESET
+    finally:
+        adapter.shutdown()
+
+
+def test_one_reset_options_hook_only() -> None:
+    adapter = open_front_end("blocking", space_env_fns(2), reset_options=Lengths())
+    try:
+        with pytest.raises(ValueError, match="has a reset_options hook already"):
+            aiovec.Collector(
+                adapter.venv, _zeros, segment_length=2, batch_size=1, reset_options=Lengths()
+            )
+    finally:
+        adapter.shutdown()
+
+
+def test_each_front_end_iterates_its_own_way() -> None:
+    adapter = open_front_end("blocking", space_env_fns(2))
+    try:
+        collector = aiovec.Collector(adapter.venv, _zeros, segment_length=2, batch_size=1)
+        with pytest.raises(TypeError, match="iterated with `for`, not `async for`"):
+            collector.__aiter__()
+    finally:
+        adapter.shutdown()
+    adapter = open_front_end("await", space_env_fns(2))
+    try:
+        collector = aiovec.Collector(adapter.venv, _zeros, segment_length=2, batch_size=1)
+        with pytest.raises(TypeError, match="iterated with `async for`, not `for`"):
+            iter(collector)
+    finally:
         adapter.shutdown()
