@@ -11,7 +11,8 @@ Cases (issue 26's speed targets; figures in docs/collector.md):
     256 async envs on the inline backend whose every step waits a time with a
     heavy tail: 95% uniform in 2-10 ms, 5% in 100-300 ms (seeded per env).
     ``aiovec.Collector`` with a policy returning zeros, against the bound
-    (256 / the mean latency) and lock-step ``step()`` over the same envs.
+    (256 / the mean latency), lock-step ``step()`` and a hand-written
+    ``send``/``recv(min_envs=1)`` loop over the same envs.
 ``trivial``
     256 async envs whose step is ``await asyncio.sleep(0)``: the collector's
     time per env-step against a hand-written ``send``/``recv(min_envs=1)`` loop
@@ -78,14 +79,16 @@ def zeros(obs: Any, env_ids: np.ndarray) -> np.ndarray:
 async def collector_rate(venv: Any, seconds: float, **kwargs: Any) -> float:
     kwargs.setdefault("segment_length", 16)
     kwargs.setdefault("batch_size", max(1, venv.num_envs // 4))
-    steps = 0
+    steps, start = -1, 0.0
     async with aiovec.Collector(venv, zeros, seed=0, **kwargs) as collector:
-        start = time.perf_counter()
         async for batch in collector:
+            if steps < 0:  # from the first batch on: in steady state, the steps of the
+                steps, start = 0, time.perf_counter()  # segments in progress at the start
+                continue  # and at the end (uncounted) are alike
             steps += batch.rewards.size
             if time.perf_counter() - start > seconds:
                 break
-    return steps / (time.perf_counter() - start)
+        return steps / (time.perf_counter() - start)
 
 
 async def lockstep_rate(venv: Any, seconds: float) -> float:
@@ -153,14 +156,18 @@ async def main(args: argparse.Namespace) -> None:
     n = 64 if quick else 256
     print(f"load average {os.getloadavg()}, {os.cpu_count()} CPUs; reps={reps}, {seconds} s each")
     if "heavy" in args.only:
-        got = await measure(
-            heavy_envs(n), {"collector": collector_rate, "step": lockstep_rate}, reps, seconds
-        )
+        candidates = {
+            "collector": collector_rate,
+            "send/recv": send_recv_rate,
+            "step": lockstep_rate,
+        }
+        got = await measure(heavy_envs(n), candidates, reps, seconds)
         bound = n / MEAN_LATENCY
         print(
             f"heavy-tailed, {n} envs inline: collector {got['collector']:,.0f} env-steps/s "
             f"({got['collector'] / bound:.2f}x the bound {bound:,.0f}), lock-step step() "
-            f"{got['step']:,.0f} ({got['collector'] / got['step']:.1f}x)"
+            f"{got['step']:,.0f} ({got['collector'] / got['step']:.1f}x), hand-written "
+            f"send/recv(min_envs=1) {got['send/recv']:,.0f} ({got['send/recv'] / bound:.2f}x)"
         )
     if "trivial" in args.only:
         got = await measure(
