@@ -134,8 +134,8 @@ def _delayed(fn: Callable[[], Any], i: int) -> AsyncTwin:
 
 
 @pytest.mark.parametrize("front_end", ["await", "blocking"])
-def test_random_delays_fast_envs_give_more_segments(front_end: str) -> None:
-    """Envs with random per-env delays; a fast env's segments come more often."""
+def test_segments_with_random_per_env_delays(front_end: str) -> None:
+    """Envs with random per-env delays (0, up to 4 ms, up to 8 ms): segments still exact."""
     fns = space_env_fns(6, max_len=4)
     delayed = [functools.partial(_delayed, fn, i) for i, fn in enumerate(fns)]
     adapter = open_front_end(front_end, delayed)
@@ -144,8 +144,6 @@ def test_random_delays_fast_envs_give_more_segments(front_end: str) -> None:
     finally:
         adapter.shutdown()
     check_oracle(fns, batches)
-    counts = np.bincount(np.concatenate([b.env_ids for b in batches]), minlength=6)
-    assert counts[[0, 3]].sum() > counts[[2, 5]].sum()  # no delay against the longest
 
 
 @pytest.mark.parametrize("front_end", ["await", "blocking"])
