@@ -7,9 +7,11 @@ Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
 """
 
 from aiovec._blocking import BlockingVectorEnv
+from aiovec._collector import Collector
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import State
 from aiovec._core.restart import RestartPolicy
+from aiovec._core.segments import SegmentBatch
 from aiovec._env import AsyncEnv
 from aiovec._errors import (
     AlreadyPendingCallError,
@@ -31,11 +33,13 @@ __all__ = (
     "AsyncioVectorEnv",
     "BlockingVectorEnv",
     "ClosedError",
+    "Collector",
     "EnvError",
     "EnvTimeoutError",
     "LatencyStats",
     "NoAsyncCallError",
     "RestartPolicy",
+    "SegmentBatch",
     "State",
     "StateError",
     "WorkerDiedError",

@@ -19,6 +19,7 @@ import gymnasium
 from gymnasium.core import RenderFrame
 from gymnasium.vector import AutoresetMode
 
+from aiovec._core.autoreset import ResetHook
 from aiovec._core.batching import StepBatch
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import PENDING, State
@@ -67,6 +68,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         reset_timeout: float | None = None,
         max_concurrency: int | anyio.CapacityLimiter | None = None,
         backend_options: Mapping[str, Any] | None = None,
+        reset_options: ResetHook | None = None,
     ) -> None:
         self._runner = Runner()
         try:  # built on the runner's loop, awaiting factories that wait, as `create` does
@@ -82,6 +84,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                     reset_timeout=reset_timeout,
                     max_concurrency=max_concurrency,
                     backend_options=backend_options,
+                    reset_options=reset_options,
                 )
             )
         except BaseException:
@@ -102,6 +105,15 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
     def envs(self) -> tuple[Any, ...]:
         """The env objects (inline and thread backends only)."""
         return self.vector_env.envs
+
+    @property
+    def reset_options(self) -> ResetHook | None:
+        """The reset-options hook of the underlying vector env; settable."""
+        return self.vector_env.reset_options
+
+    @reset_options.setter
+    def reset_options(self, hook: ResetHook | None) -> None:
+        self.vector_env.reset_options = hook
 
     @property
     def state(self) -> State:

@@ -43,7 +43,7 @@ from gymnasium.core import RenderFrame
 from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
-from aiovec._core.autoreset import AutoresetState
+from aiovec._core.autoreset import AutoresetState, ResetHook
 from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, IsWrapped, Reset, SetAttr
 from aiovec._core.deadlines import overdue
@@ -157,6 +157,13 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             ``memory``, ``resources``, ``scheduling_strategy`` (default
             ``"SPREAD"``), ``runtime_env``, ...), and ``placement_timeout`` and
             ``actor_pool`` (``docs/ray.md``).
+        reset_options: ``reset_options(env_id, episode) -> dict | None``,
+            the options of every reset of every env, autoresets included
+            (curricula, per-episode tasks).  ``episode`` counts each env's
+            resets from 0; each episode's answer is asked for once, on the
+            loop, before the call that may reset the env is sent.  Options
+            given to `reset` override the hook's key by key.  Also settable
+            later as the ``reset_options`` attribute.
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
@@ -184,6 +191,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         reset_timeout: float | None = None,
         max_concurrency: int | anyio.CapacityLimiter | None = None,
         backend_options: Mapping[str, Any] | None = None,
+        reset_options: ResetHook | None = None,
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
@@ -206,6 +214,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
         limiter = validate.check_max_concurrency(max_concurrency, backend_name)
+        self._hook = _check_hook(reset_options)
         if isinstance(limiter, int):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
@@ -261,7 +270,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, self.copy
         )
         self._check_results = validate.step_result_checker(traits.observation_spaces[0])
-        self._autoreset = AutoresetState(mode, self.num_envs)
+        self._autoreset = AutoresetState(mode, self.num_envs, self._hook)
         self._in_flight: set[int] = set()  # envs started by send(), not yet recv()ed
         self._sent_reset: tuple[np.ndarray | None, dict[int, BaseException]] = (None, {})
         """The mask of the reset in flight (RESET_SENT) and the lost envs it could not rebuild."""
@@ -292,6 +301,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     def action_space(self) -> spaces.Space[Any]:
         """The batched action space."""
         return self._batcher.action_space
+
+    @property
+    def reset_options(self) -> ResetHook | None:
+        """The reset-options hook (see the constructor), or ``None``; settable."""
+        return self._hook
+
+    @reset_options.setter
+    def reset_options(self, hook: ResetHook | None) -> None:
+        self._hook = self._autoreset.hook = _check_hook(hook)
 
     @property
     def closed(self) -> bool:
@@ -364,7 +382,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         else:
             self._life.check(VectorCall.RESET_MASK)
             indices = np.flatnonzero(mask).tolist()
-        return indices, CallOp([Reset(seeds[i], env_options) for i in indices], "reset"), mask
+        resets = [Reset(seeds[i], self._autoreset.reset_options(i, env_options)) for i in indices]
+        return indices, CallOp(resets, "reset"), mask
 
     def _reset_done(
         self, indices: Sequence[int], results: MutableMapping[int, Any], mask: np.ndarray | None
@@ -388,8 +407,13 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.check(VectorCall.STEP)
         per_env = self._batcher.split_actions(actions)
         reset_first = self._autoreset.plan()
-        timed = self.step_timeout is not None
-        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions, timed=timed)
+        op = StepOp(
+            self.autoreset_mode,
+            per_env,
+            reset_first,
+            batch=self._batch_of(actions, reset_first),
+            timed=self.step_timeout is not None,
+        )
         return self._stepped(await self._run(self._all, op, breaks=True))
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
@@ -424,8 +448,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 "send() starts envs on the running event loop: call it from async code "
                 "(BlockingVectorEnv.send works from anywhere)"
             ) from None
-        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=actions, stream=True)
+        batch = self._batch_of(actions, reset_first)
+        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=batch, stream=True)
         self._launch_sent(ids, op, "send()")
+
+    def _batch_of(self, actions: Any, reset_first: list[Any]) -> Any:
+        """A step op's ``batch``: none where an autoreset has options (they go env by env)."""
+        if self._hook is None or all(type(f) is bool for f in reset_first):
+            return actions
+        return None
 
     def _launch_sent(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""
@@ -644,6 +675,12 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         await backend.drain()
         self._in_flight.clear()
         self._held = ({}, {})
+
+    async def _stop_sent(self, reason: str) -> None:
+        """Cancel (and wait for) the envs in flight from send(); a reset is needed then."""
+        if self._life.state is State.SENT:
+            await self._drain_sent()
+            self._life.break_(reason)
 
     def _abandon_sent(self, reason: str) -> None:
         backend = self._backend
@@ -966,7 +1003,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             restarts += len(todo)
             todo = await backend.rebuild(sorted(todo)) or {}
             rebuilt = [i for i in failed if i not in rows and i not in todo]
-            reset_op = CallOp([Reset()] * len(rebuilt), "reset")
+            reset_op = CallOp([self._restart_reset(i) for i in rebuilt], "reset")
             resets, reset_errors = await self._gather(rebuilt, reset_op)
             rows.update((i, restarted_row(resets[i], messages[i])) for i in resets)
             todo.update(reset_errors)
@@ -988,6 +1025,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             describe_error(todo[min(todo)]),
         )
         raise EnvError(todo, f"{name}() (restart failed after {tried} attempts over {down:.3g} s)")
+
+    def _restart_reset(self, i: int) -> Reset:
+        """A restarted env's reset: it starts an episode, with the hook's options if any."""
+        return Reset(options=self._autoreset.reset_options(i, None))
 
     def _charge_restarts(self, failed: dict[int, BaseException]) -> str:
         """Charge a restart to every failed env, or to none if one is over its limit.
@@ -1052,6 +1093,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.state = State.CLOSED
         if backend is not None:
             backend.close_now()
+
+
+def _check_hook(hook: object) -> ResetHook | None:
+    if hook is not None and not callable(hook):
+        raise TypeError(
+            "reset_options must be a callable reset_options(env_id, episode) -> dict | None, "
+            f"or None, got {validate.describe(hook)}"
+        )
+    return hook
 
 
 def _not_before(start: float | None, launched: float) -> float | None:

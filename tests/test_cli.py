@@ -282,7 +282,8 @@ def test_bench_measures_a_factory_from_a_user_file_on_every_backend(envs_py, cap
     out = capsys.readouterr().out
     table = out.split("Skipped")[0]
     for kind in ("inline", "thread", "process, 1 worker", "process, 2 workers"):
-        assert table.count(f"\n{kind} ") == 2, kind  # num_envs 2 and 4
+        assert table.count(f"\n{kind}  ") == 2, kind  # num_envs 2 and 4, lock-step
+        assert table.count(f"\n{kind} + Collector ") == 2, kind  # and partial stepping
     assert "failed" not in out  # the worker processes got the factory by value
     assert "ray: " in out  # skipped, with the reason
     assert "Recommended: " in out
@@ -314,7 +315,7 @@ def test_bench_reports_envs_that_fail_while_stepping(envs_py, capsys):
     args = ["bench", f"{envs_py}:make_crashing_env", *FAST, "--backends", "inline"]
     assert main(args) == 1
     out = capsys.readouterr().out
-    assert out.count("failed: EnvError: env 0 failed in step()") == 2
+    assert out.count("failed: EnvError: env 0 failed in step()") == 4  # lock-step, collector
     assert "ZeroDivisionError" in out
     assert "Every configuration failed" in out
 
@@ -462,10 +463,46 @@ def test_plan_covers_backends_sizes_and_worker_counts():
     assert skipped[0].startswith("ray: ")
 
 
-def result(backend, num_envs, rates, workers=None):
+def test_plan_adds_partial_stepping_through_the_collector():
+    configs, _ = bench.plan("async", ["inline"], [4, 16], [1], partial=True)
+    assert configs == [
+        bench.Config("inline", 4),
+        bench.Config("inline", 16),
+        bench.Config("inline", 4, collector=True),
+        bench.Config("inline", 16, collector=True),
+    ]
+
+
+def test_bench_measures_the_collector_unless_told_not_to(envs_py, capsys):
+    target = f"{envs_py}:make_async_env"
+    assert main(["bench", target, *FAST, "--backends", "inline"]) == 0
+    assert capsys.readouterr().out.count("\ninline + Collector ") == 2
+    assert main(["bench", target, *FAST, "--backends", "inline", "--no-collector"]) == 0
+    assert "Collector" not in capsys.readouterr().out
+
+
+def result(backend, num_envs, rates, workers=None, *, collector=False):
     """A measured result whose repeats ran at ``rates`` env-steps/s (one step each)."""
     repeats = tuple(StepTimes(num_envs, (num_envs / rate,)) for rate in rates)
-    return bench.Result(bench.Config(backend, num_envs, workers), repeats)
+    return bench.Result(bench.Config(backend, num_envs, workers, collector), repeats)
+
+
+def test_the_collector_is_recommended_only_where_it_is_faster():
+    step = result("inline", 64, (980.0, 1000.0, 1020.0))
+    tied = result("inline", 64, (990.0, 1010.0, 1030.0), collector=True)
+    choice = bench.choose([tied, step])
+    assert choice is not None
+    assert choice.pick is step  # within the noise: lock-step is simpler
+    faster = result("inline", 64, (9000.0, 10000.0, 11000.0), collector=True)
+    choice = bench.choose([step, faster])
+    assert choice is not None
+    assert choice.pick is faster
+    text = bench.recommend([step, faster], bench.Factory("e.py:make", "make", object))
+    assert text.splitlines()[1:3] == [
+        '    venv = aiovec.AsyncioVectorEnv([make] * 64, backend="inline")',
+        "    collector = aiovec.Collector(venv, policy, segment_length=8, batch_size=8)"
+        "  # docs/collector.md",
+    ]
 
 
 def test_the_rate_is_the_median_of_the_repeats_and_the_spread_half_their_range():

@@ -30,6 +30,7 @@ NON_DEFAULT: dict[str, Any] = {
     "reset_timeout": 40.0,
     "max_concurrency": 1,
     "backend_options": {},
+    "reset_options": lambda env_id, episode: None,
 }
 
 

@@ -13,9 +13,12 @@ Theory of operation
    paragraph (`FactoryError`) naming the factory, what went wrong and
    what a factory must be; ``--traceback`` adds the traceback.
 3. **Plan** one configuration per backend x ``num_envs`` (x ``num_workers`` for
-   ``process``).  A backend that cannot run here (``thread`` for async envs, a
-   backend not in this release, a missing optional dependency) is listed as
-   skipped, with the reason.
+   ``process``), each twice: lock-step ``step()``, and partial stepping through
+   `aiovec.Collector` (``_cli/partial.py``; ``--no-collector`` leaves it out).
+   The tie rule ranks lock-step as simpler, so the collector is recommended only
+   where it is faster beyond the noise.  A backend that cannot run here
+   (``thread`` for async envs, a backend not in this release, a missing optional
+   dependency) is listed as skipped, with the reason.
 4. **Measure** each configuration ``--repeats`` times (3 by default),
    *interleaved*: every configuration once, then every one again, so that a
    slow spell of the machine hits all of them rather than one.  A repeat runs
@@ -69,6 +72,7 @@ import cloudpickle
 import aiovec
 from aiovec._cli.args import int_list, json_object, positive_float, positive_int
 from aiovec._cli.memory import PeakMemory
+from aiovec._cli.partial import collector_shape, measure_collector
 from aiovec._cli.report import Progress, StepTimes, format_table, large_n_advice
 from aiovec._core.validate import BACKENDS, usable_cpus
 from aiovec.backends import load_backend
@@ -138,20 +142,29 @@ class Config:
     backend: str
     num_envs: int
     num_workers: int | None = None  # None: the backend's default
+    collector: bool = False  # partial stepping through aiovec.Collector, not step()
 
     @property
     def kind(self) -> str:
-        """The backend and worker count, e.g. ``process, 2 workers``."""
-        if self.num_workers is None:
-            return self.backend
-        return f"{self.backend}, {self.num_workers} worker{'s' * (self.num_workers > 1)}"
+        """The backend and worker count, e.g. ``process, 2 workers``; ``+ Collector``."""
+        kind = self.backend
+        if self.num_workers is not None:
+            kind += f", {self.num_workers} worker{'s' * (self.num_workers > 1)}"
+        return kind + (" + Collector" if self.collector else "")
 
     def code(self, factory: str) -> str:
-        """The line that builds this configuration."""
+        """The line that builds this configuration (two with the collector)."""
         workers = "" if self.num_workers is None else f", num_workers={self.num_workers}"
-        return (
+        line = (
             f'aiovec.AsyncioVectorEnv([{factory}] * {self.num_envs}, backend="{self.backend}"'
             f"{workers})"
+        )
+        if not self.collector:
+            return line
+        length, size = collector_shape(self.num_envs)
+        return (
+            f"venv = {line}\n    collector = aiovec.Collector(venv, policy, "
+            f"segment_length={length}, batch_size={size})  # docs/collector.md"
         )
 
 
@@ -320,8 +333,13 @@ def plan(
     backends: Sequence[str],
     sizes: Sequence[int],
     workers: Sequence[int],
+    *,
+    partial: bool = False,
 ) -> tuple[list[Config], list[str]]:
-    """Configurations to measure, and one line per backend skipped (with the reason)."""
+    """Configurations to measure, and one line per backend skipped (with the reason).
+
+    ``partial``: each configuration also through a `aiovec.Collector`.
+    """
     configs: list[Config] = []
     skipped: list[str] = []
     for backend in backends:
@@ -334,6 +352,8 @@ def plan(
                 configs += [Config(backend, n, w) for w in workers if w <= n]
             else:
                 configs.append(Config(backend, n))
+    if partial:
+        configs += [Config(c.backend, c.num_envs, c.num_workers, True) for c in configs]
     return configs, skipped
 
 
@@ -368,6 +388,8 @@ async def _measure(
     async with venv:
         venv.action_space.seed(0)
         actions = [venv.action_space.sample() for _ in range(ACTION_POOL)]
+        if config.collector:
+            return await measure_collector(venv, actions, seconds, memory, MIN_STEPS)
         await venv.reset(seed=0)
         await venv.step(actions[0])  # warm-up: first-call costs are not the steady state
         memory.sample()
@@ -392,10 +414,13 @@ def within_noise(a: Sequence[float], b: Sequence[float]) -> bool:
     return min(a) <= max(b) and min(b) <= max(a)
 
 
-def simplicity(config: Config) -> tuple[int, int, int]:
-    """A sort key, simplest first: the backend (`SIMPLER`), then fewer workers, then fewer envs."""
+def simplicity(config: Config) -> tuple[int, int, int, int]:
+    """A sort key, simplest first: lock-step, the backend (`SIMPLER`), fewer workers, fewer envs.
+
+    A collector configuration is recommended only where it is faster beyond the noise.
+    """
     rank = SIMPLER.index(config.backend) if config.backend in SIMPLER else len(SIMPLER)
-    return rank, config.num_workers or 0, config.num_envs
+    return int(config.collector), rank, config.num_workers or 0, config.num_envs
 
 
 @dataclass(frozen=True)
@@ -648,6 +673,11 @@ def add_parser(commands: Any) -> None:
         "--plot", type=Path, metavar="FILE.png", help="draw env-steps/s vs num_envs"
     )
     parser.add_argument(
+        "--no-collector",
+        action="store_true",
+        help="measure lock-step step() only, not partial stepping through aiovec.Collector",
+    )
+    parser.add_argument(
         "--traceback", action="store_true", help="show the traceback of a failing factory or env"
     )
     parser.set_defaults(run=run)
@@ -686,7 +716,9 @@ def run(args: argparse.Namespace) -> int:
     except FactoryError as exc:
         _print_factory_error(exc, args.target, show_traceback=args.traceback)
         return USAGE_ERROR
-    configs, skipped = plan(kind, args.backends, args.num_envs, args.workers)
+    configs, skipped = plan(
+        kind, args.backends, args.num_envs, args.workers, partial=not args.no_collector
+    )
     print(
         f"Measuring {args.target} ({kind} envs): {len(configs)} configurations x "
         f"{args.repeats} interleaved repeats, about {args.seconds:g} s of steps each.",

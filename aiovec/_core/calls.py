@@ -26,6 +26,7 @@ __all__ = (
     "CLOSE",
     "RENDER",
     "STEP",
+    "Autoreset",
     "CallMethod",
     "Close",
     "EnvCall",
@@ -101,13 +102,33 @@ class IsWrapped:
     wrapper: type
 
 
+@dataclass(frozen=True, slots=True)
+class Autoreset:
+    """An env's ``reset_first`` when its autoreset has options (a reset-options hook).
+
+    It stands where `step_flow` takes a plain flag: it is true when ``now``
+    is (``NEXT_STEP``: reset instead of stepping), and ``call`` is the reset to
+    make, now or, under ``SAME_STEP``, when the env ends within this step.
+    """
+
+    call: Reset
+    now: bool
+
+    def __bool__(self) -> bool:
+        return self.now
+
+
 EnvCall = Reset | Step | Render | Close | GetAttr | CallMethod | SetAttr | IsWrapped
 
 STEP = Step()
 RENDER = Render()
 CLOSE = Close()
 AUTORESET = Reset()
-"""The reset an autoreset performs: no seed (the env's generator continues), no options."""
+"""The reset an autoreset performs: no seed (the env's generator continues), no options.
+
+Where a reset-options hook gives an episode options, the flow is sent an
+`Autoreset` instead of a plain flag, and makes its ``call`` instead.
+"""
 
 Transition = tuple[Any, Any, Any, Any, dict[str, Any], dict[str, Any] | None]
 """One env's part of a step: ``(obs, reward, terminated, truncated, info, final)``.
@@ -134,7 +155,8 @@ def step_flow(mode: AutoresetMode) -> StepFlow:
     mode is ``NEXT_STEP``: this step resets it instead of stepping it (the
     action is ignored; reward 0, both flags False).  Under ``SAME_STEP`` an
     env that ends is reset within the step, and its last observation and
-    info travel in ``final``.
+    info travel in ``final``.  ``reset_first`` may be an `Autoreset` (it
+    tests as its flag): the autoreset, in either mode, is then its ``call``.
 
     A flow lives across steps (rather than one generator per step) because
     creating and finishing a generator per env-step costs more than stepping
@@ -145,13 +167,13 @@ def step_flow(mode: AutoresetMode) -> StepFlow:
     while True:
         reset_first = yield transition
         if reset_first:
-            obs, info = yield AUTORESET
+            obs, info = yield reset_first.call if type(reset_first) is Autoreset else AUTORESET
             transition = (obs, 0.0, False, False, info, None)
             continue
         obs, reward, terminated, truncated, info = yield STEP
         if same_step and (terminated or truncated):
             final = {"final_obs": obs, "final_info": info}
-            obs, info = yield AUTORESET
+            obs, info = yield reset_first.call if type(reset_first) is Autoreset else AUTORESET
             transition = (obs, reward, terminated, truncated, info, final)
         else:
             transition = (obs, reward, terminated, truncated, info, None)

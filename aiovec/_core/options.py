@@ -20,5 +20,6 @@ VECTOR_OPTIONS = (
     "reset_timeout",
     "max_concurrency",
     "backend_options",
+    "reset_options",
 )
 """The keyword-only parameters of the vector env's constructor, in order."""

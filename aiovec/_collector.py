@@ -1,0 +1,479 @@
+"""``aiovec.Collector``: partial stepping turned into trajectory segments.
+
+Theory of operation.  One coroutine, `_Driver.next_batch`, drives the vector
+env's public ``send``/``recv`` (so ``max_concurrency``, timeouts, restarts and
+logging work as they do there) until ``batch_size`` segments are finished:
+
+- an env whose observation is known is *ready*; `_dispatch` hands ready envs
+  to the policy, up to ``max_batch`` at a time, waiting at most ``max_wait``
+  seconds for more.  A plain policy is called there and its actions sent at
+  once; an ``async def`` policy becomes a task (several may be in flight) and
+  its actions are sent when it is done (`_harvest`);
+- `_wait` waits for whatever comes first that it can wait on: an env's step
+  (``recv(min_envs=1)``; with ``max_wait``, as many as fill a policy call),
+  a policy call, or the end of ``max_wait``.  While
+  both envs and policy calls are out, ``recv`` returns every ``_POLL``
+  seconds at the latest, as the vector env allows no ``send`` during a
+  ``recv``: a policy's answer waits that long at most;
+- `_received` sorts a ``recv``'s rows: a reset row (``NEXT_STEP``) is never a
+  transition, it only makes its env ready; every other row is a transition,
+  written into the env's segment (`~aiovec._core.segments.SegmentBook`).  An
+  env whose episode ended is reset as the mode says: ``SAME_STEP`` did it
+  within the step, ``NEXT_STEP`` gets the reset row at once (its action is
+  the env's last one, ignored), ``DISABLED`` waits until no env is out, then
+  the ended envs are reset together with ``reset_mask``.
+
+The blocking front end runs the same coroutines through the vector env's
+`~aiovec._runner.Runner`.  Leaving the loop (``break``, an error, Ctrl-C)
+closes the iterator, which cancels the policy's calls and every env's call
+(the vector env then needs a ``reset()``); ``close()`` does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from aiovec._core import validate
+from aiovec._core.autoreset import ResetHook
+from aiovec._core.segments import SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
+from aiovec._vector import AsyncioVectorEnv
+
+__all__ = ("Collector", "SegmentBatch")
+
+_POLL = 0.002
+"""Seconds a ``recv`` waits at most while policy calls are out (see the docstring)."""
+
+
+class Collector:
+    """Collect trajectory segments from a vector env, no env waiting for another.
+
+    Args:
+        envs: An `aiovec.AsyncioVectorEnv` (iterate with ``async for``) or an
+            `aiovec.BlockingVectorEnv` (iterate with ``for``), any backend.
+            The collector resets it (with ``seed``) when iteration starts.
+        policy: ``policy(obs, env_ids)`` -> ``actions`` or ``(actions,
+            extras)``: ``obs`` holds the ready envs' observations (batched),
+            ``env_ids`` says which envs; ``extras`` (a pair is told from a
+            Tuple space's actions by its dict) is a dict of per-env arrays
+            (log-probs, values) stored with each transition.  An
+            ``async def`` policy may have several calls in flight.
+        segment_length: Consecutive transitions of one env per segment.
+        batch_size: Segments per batch.
+        max_batch: At most this many envs per policy call (``None``: all ready).
+        max_wait: Seconds to wait for more ready envs before calling the
+            policy with fewer than ``max_batch`` (0: call it at once).
+        reset_options: ``reset_options(env_id, episode) -> dict | None``,
+            set as the vector env's hook (see `aiovec.AsyncioVectorEnv`).
+        max_lag: Keep out of batches any segment with a transition from a
+            policy more than this many versions older than the current one
+            (such segments are dropped and counted in ``dropped``).
+        seed: The seed of the reset that starts the collection.
+
+    Example:
+        >>> async with aiovec.Collector(venv, policy, segment_length=32,
+        ...                             batch_size=16) as collector:  # doctest: +SKIP
+        ...     async for batch in collector:
+        ...         learn(batch)
+        ...         collector.update_policy()
+    """
+
+    def __init__(
+        self,
+        envs: Any,
+        policy: Callable[..., Any],
+        *,
+        segment_length: int,
+        batch_size: int,
+        max_batch: int | None = None,
+        max_wait: float = 0.0,
+        reset_options: ResetHook | None = None,
+        max_lag: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        venv = getattr(envs, "vector_env", envs)
+        if not isinstance(venv, AsyncioVectorEnv):
+            raise TypeError(
+                "envs must be an aiovec.AsyncioVectorEnv or aiovec.BlockingVectorEnv, "
+                f"got {validate.describe(envs)}"
+            )
+        if not callable(policy):
+            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        _check_count("segment_length", segment_length)
+        _check_count("batch_size", batch_size)
+        if max_batch is not None:
+            _check_count("max_batch", max_batch)
+        if max_wait != 0:
+            validate.check_timeout("max_wait", max_wait)
+        if max_lag is not None:
+            _check_count("max_lag", max_lag, least=0)
+        if reset_options is not None and venv.reset_options not in (None, reset_options):
+            raise ValueError(
+                "reset_options: the vector env has a reset_options hook already; "
+                "give it to one of them only"
+            )
+        self._runner = getattr(envs, "_runner", None)  # BlockingVectorEnv's
+        if reset_options is not None:
+            venv.reset_options = reset_options
+        self.envs = envs
+        self._driver = _Driver(
+            venv, policy, segment_length, batch_size, max_batch, max_wait or 0.0, max_lag, seed
+        )
+
+    @property
+    def policy_version(self) -> int:
+        """The current policy's version (0 at first; `update_policy` adds 1)."""
+        return self._driver.version
+
+    @property
+    def dropped(self) -> int:
+        """How many segments ``max_lag`` kept out of batches so far."""
+        return self._driver.dropped
+
+    def update_policy(self, policy: Callable[..., Any] | None = None) -> int:
+        """Start a new policy version (swapping in ``policy`` if given); returns it.
+
+        Actions chosen from now on record the new version; policy calls
+        already in flight keep the version they started with.
+        """
+        if policy is not None and not callable(policy):
+            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        return self._driver.new_version(policy)
+
+    # -- await front end ------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[SegmentBatch]:
+        self._check_front("async for", async_=True)
+        return self._abatches()
+
+    async def _abatches(self) -> AsyncIterator[SegmentBatch]:
+        try:
+            while True:
+                yield await self._driver.next_batch()
+        finally:
+            await self._driver.stop()
+
+    async def aclose(self) -> None:
+        """Cancel the policy's calls and every env's call in flight (idempotent)."""
+        await self._driver.stop()
+
+    async def __aenter__(self) -> Collector:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- blocking front end ------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[SegmentBatch]:
+        self._check_front("for", async_=False)
+        return self._batches()
+
+    def _batches(self) -> Iterator[SegmentBatch]:
+        assert self._runner is not None
+        try:
+            while True:
+                yield self._runner.run(self._driver.next_batch())
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The blocking front end's `aclose`."""
+        if self._runner is not None and not self._runner._closed:
+            self._runner.run(self._driver.stop())
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_front(self, how: str, *, async_: bool) -> None:
+        if (self._runner is None) == async_:
+            return
+        other = "for" if async_ else "async for"
+        kind = "AsyncioVectorEnv" if async_ else "BlockingVectorEnv"
+        raise TypeError(f"a Collector over a {kind} is iterated with `{other}`, not `{how}`")
+
+
+def _put_row(tree: Any, k: int, value: Any) -> None:
+    """Write one row ``value`` (nested like ``tree``) at index ``k`` of ``tree``'s arrays."""
+    if isinstance(tree, dict):
+        for key, sub in tree.items():
+            _put_row(sub, k, value[key])
+    elif isinstance(tree, tuple):
+        for sub, part in zip(tree, value, strict=True):
+            _put_row(sub, k, part)
+    else:
+        tree[k] = value
+
+
+def _check_count(name: str, value: object, *, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int >= {least}, got {validate.describe(value)}")
+    if value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value}")
+
+
+class _Driver:
+    """The collection loop over one vector env (see the module docstring)."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        venv: AsyncioVectorEnv[Any, Any],
+        policy: Callable[..., Any],
+        length: int,
+        batch_size: int,
+        max_batch: int | None,
+        max_wait: float,
+        max_lag: int | None,
+        seed: int | None,
+    ) -> None:
+        self.venv, self.policy, self.length = venv, policy, length
+        self.batch_size, self.max_lag, self.seed = batch_size, max_lag, seed
+        self.max_batch = max_batch or venv.num_envs
+        self.max_wait = max_wait
+        self.version = self.dropped = 0
+        self.out = 0  # envs sent, not yet received
+        self.book: SegmentBook | None = None
+        self.ready: list[int] = []  # envs whose observation waits for the policy
+        self.ready_since = 0.0  # when the oldest of them became ready
+        self.calls: dict[asyncio.Task[Any], tuple[np.ndarray, int]] = {}  # async policy calls
+        self.resetting = np.zeros(venv.num_envs, np.bool_)  # NEXT_STEP reset rows out
+        self.parked: list[int] = []  # DISABLED: ended envs waiting for a reset
+        self.reset_due: list[int] = []  # NEXT_STEP: ended envs whose reset row is not sent yet
+        self.last_actions: Any = None
+        self.mode = venv.autoreset_mode
+
+    def new_version(self, policy: Callable[..., Any] | None) -> int:
+        if policy is not None:
+            self.policy = policy
+        self.version += 1
+        if self.max_lag is not None and self.book is not None:
+            self.dropped += self.book.drop_older_than(self.version - self.max_lag)
+        return self.version
+
+    async def next_batch(self) -> SegmentBatch:
+        if self.book is None:
+            await self._start()
+        book = self.book
+        assert book is not None
+        while self._short(book):
+            self._dispatch()
+            await self._wait()
+        return book.take(self.batch_size)
+
+    def _short(self, book: SegmentBook) -> bool:
+        """Whether a batch is still short, once ``max_lag`` dropped what it keeps out."""
+        if self.max_lag is not None:
+            self.dropped += book.drop_older_than(self.version - self.max_lag)
+        return len(book.finished) < self.batch_size
+
+    async def _start(self) -> None:
+        venv = self.venv
+        obs, _ = await venv.reset(seed=self.seed)
+        spaces = venv.single_observation_space, venv.single_action_space
+        self.book = SegmentBook(*spaces, venv.num_envs, self.length)
+        ids = np.arange(venv.num_envs)
+        self.book.observed(ids, as_tree(venv.single_observation_space, obs))
+        self.last_actions = self.book.action_rows()
+        self._became_ready(ids.tolist())
+
+    # -- the policy -------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Hand ready envs to the policy, ``max_batch`` at a time (``max_wait`` permitting)."""
+        while self.ready and (len(self.ready) >= self.max_batch or self._waited_enough()):
+            ids = np.array(self.ready[: self.max_batch], np.int64)
+            del self.ready[: self.max_batch]
+            self.ready_since = time.perf_counter()
+            self._call_policy(ids)
+        if self.reset_due:  # no policy call took them along
+            self._send(np.zeros(0, np.int64), tree_map(lambda a: a[:0], self.last_actions))
+
+    def _waited_enough(self) -> bool:
+        if not self.max_wait or not (self.out or self.calls):
+            return True  # nothing else can make an env ready
+        return time.perf_counter() - self.ready_since >= self.max_wait
+
+    def _call_policy(self, ids: np.ndarray) -> None:
+        assert self.book is not None
+        answer = self.policy(self.book.shown(ids), ids)
+        if inspect.isawaitable(answer):
+            task = asyncio.ensure_future(answer)
+            self.calls[task] = (ids, self.version)
+        else:
+            self._act(ids, answer, self.version)
+
+    def _act(self, ids: np.ndarray, answer: Any, version: int) -> None:
+        """Record the policy's ``answer`` for ``ids`` and send the actions."""
+        assert self.book is not None
+        pair = isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)
+        actions, extras = answer if pair else (answer, {})
+        actions = tree_map(np.asarray, actions)
+        self.book.acted(ids, actions, extras, version)
+        tree_map(lambda buf, a: buf.__setitem__(ids, a), self.last_actions, actions)
+        self._send(ids, actions)
+
+    def _send(self, ids: np.ndarray, actions: Any) -> None:
+        """Send ``actions`` to ``ids``, and the reset rows due with them (one request)."""
+        if self.reset_due:  # NEXT_STEP: an ended env's reset, its action ignored
+            due = np.array(self.reset_due, np.int64)
+            self.reset_due.clear()
+            self.resetting[due] = True
+            ids = np.concatenate([ids, due])
+            actions = tree_map(
+                lambda a, last: np.concatenate([a, last[due]]), actions, self.last_actions
+            )
+        self.venv.send(actions, ids)
+        self.out += len(ids)
+
+    def _harvest(self) -> None:
+        """Send the actions of the policy calls that are done (an error propagates)."""
+        for task in [t for t in self.calls if t.done()]:
+            ids, version = self.calls.pop(task)
+            self._act(ids, task.result(), version)
+
+    # -- waiting and receiving ----------------------------------------------------------
+
+    async def _wait(self) -> None:
+        limit = self._wait_limit()
+        if limit is not None and limit <= 0:
+            return  # max_wait is over: the ready envs go to the policy now
+        if self.out:
+            timeout = limit if not self.calls else min(limit or _POLL, _POLL)
+            self._received(await self.venv.recv(min_envs=self._wanted(), timeout=timeout))
+        elif self.calls:
+            await asyncio.wait(self.calls, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        elif self.parked:
+            await self._reset_parked()
+        self._harvest()
+
+    def _wanted(self) -> int:
+        """``recv``'s ``min_envs``: 1, or under ``max_wait`` what fills a policy call."""
+        if not self.max_wait:
+            return 1
+        return max(1, min(self.out, self.max_batch - len(self.ready)))
+
+    def _wait_limit(self) -> float | None:
+        """How long to wait before ready envs must go to the policy (``max_wait``)."""
+        if not self.ready or not self.max_wait:
+            return None
+        return max(0.0, self.ready_since + self.max_wait - time.perf_counter())
+
+    def _received(self, batch: Any) -> None:
+        obs, rewards, terminations, truncations, infos, ids = batch
+        if not len(ids):
+            return
+        self.out -= len(ids)
+        obs = as_tree(self.venv.single_observation_space, obs)
+        assert self.book is not None
+        resets = self.resetting[ids]
+        if resets.any():  # NEXT_STEP reset rows: a new episode's first observation
+            self.resetting[ids[resets]] = False
+            self.book.observed(ids[resets], tree_map(lambda a: a[resets], obs))
+            self._became_ready(ids[resets].tolist())
+        steps = ~resets
+        if steps.any():
+            self._transitions(ids, steps, obs, rewards, terminations, truncations, infos)
+
+    def _transitions(  # noqa: PLR0917  (a recv's fields)
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        obs: Any,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        truncations: np.ndarray,
+        infos: dict[str, Any],
+    ) -> None:
+        assert self.book is not None
+        every = bool(rows.all())
+
+        def pick(a: Any) -> Any:
+            return a if every else a[rows]
+
+        ended = terminations | truncations
+        infos_of = row_infos(infos, len(ids)) if infos else None
+        next_obs = tree_map(lambda a: pick(a).copy(), obs)
+        if self.mode is AutoresetMode.SAME_STEP and ended.any():
+            self._final_obs(next_obs, ended, infos, rows, infos_of)
+        step_ids = ids if every else ids[rows]
+        kept = [infos_of[k] for k in np.flatnonzero(rows)] if infos_of else None
+        self.book.stepped(
+            step_ids, pick(rewards), pick(terminations), pick(truncations), next_obs, kept
+        )
+        self.book.observed(step_ids, tree_map(pick, obs))
+        self._after_ends(step_ids, ended[rows])
+
+    def _final_obs(
+        self,
+        next_obs: Any,
+        ended: np.ndarray,
+        infos: dict[str, Any],
+        rows: np.ndarray,
+        infos_of: list[dict[str, Any]] | None,
+    ) -> None:
+        """``SAME_STEP``: an ended env's next observation is its final one, its info the last."""
+        finals = infos.get("_final_obs")
+        if finals is None:
+            return  # restarted envs only: they have no final observation
+        last_infos = row_infos(infos["final_info"], len(rows)) if "final_info" in infos else None
+        picked = np.cumsum(rows) - 1  # each row's place among the picked ones
+        for row in np.flatnonzero(ended & rows & finals).tolist():
+            _put_row(next_obs, int(picked[row]), infos["final_obs"][row])
+            if infos_of is not None and last_infos is not None:
+                infos_of[row] = last_infos[row]
+
+    def _after_ends(self, ids: np.ndarray, ended: np.ndarray) -> None:
+        """Envs that ended reset as the mode says; the others are ready."""
+        if self.mode is AutoresetMode.SAME_STEP or not ended.any():
+            self._became_ready(ids.tolist())
+            return
+        self._became_ready(ids[~ended].tolist())
+        done = ids[ended]
+        if self.mode is AutoresetMode.NEXT_STEP:  # sent with the next actions (`_send`)
+            self.reset_due.extend(done.tolist())
+        else:
+            self.parked.extend(done.tolist())
+
+    async def _reset_parked(self) -> None:
+        """``DISABLED``: reset the ended envs together, once no env is out."""
+        assert self.book is not None
+        mask = np.zeros(self.venv.num_envs, np.bool_)
+        mask[self.parked] = True
+        self.parked.clear()
+        obs, _ = await self.venv.reset(options={"reset_mask": mask})
+        obs = as_tree(self.venv.single_observation_space, obs)
+        ids = np.flatnonzero(mask)
+        self.book.observed(ids, tree_map(lambda a: a[ids], obs))
+        self._became_ready(ids.tolist())
+
+    def _became_ready(self, ids: list[int]) -> None:
+        if not self.ready:
+            self.ready_since = time.perf_counter()
+        self.ready.extend(ids)
+
+    async def stop(self) -> None:
+        """Cancel the policy's calls and the envs' calls in flight."""
+        for task in self.calls:
+            task.cancel()
+        if self.calls:
+            await asyncio.wait(self.calls)
+        self.calls.clear()
+        await self.venv._stop_sent("a Collector stopped with envs in flight")
+        self.book, self.out, self.ready, self.parked = None, 0, [], []  # iterating resets
+        self.reset_due = []
+        self.resetting[:] = False

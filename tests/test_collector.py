@@ -1,0 +1,435 @@
+"""``aiovec.Collector``: segments checked against each env stepped alone (the oracle).
+
+Every backend x front end x autoreset mode: each env's concatenated segments
+must be what that env gives when reset with its seed and stepped alone with
+the same actions, through gymnasium's own ``reset``/``step``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from conftest import MODES, SPACES, open_front_end, space_env_fns
+from faults.leaks import LeakCheck
+from gymnasium.vector import AutoresetMode
+
+import aiovec
+from aiovec.testing import AsyncHangingEnv, AsyncTwin, FaultyEnv, Gate, SpaceEnv
+
+N = 4
+SPACE = SPACES["box-discrete"]
+LENGTH = 5
+
+
+def run_collector(
+    adapter: Any,
+    policy: Callable[..., Any],
+    batches: int,
+    *,
+    each: Callable[[aiovec.Collector, aiovec.SegmentBatch], None] | None = None,
+    **kwargs: Any,
+) -> list[aiovec.SegmentBatch]:
+    """``batches`` batches of a collector over ``adapter``'s vector env, on either front end."""
+    kwargs.setdefault("segment_length", LENGTH)
+    kwargs.setdefault("batch_size", 3)
+    collector = aiovec.Collector(adapter.venv, policy, seed=10, **kwargs)
+    got: list[aiovec.SegmentBatch] = []
+    if adapter.front_end == "blocking":  # a `break` closes the iterator, and so the collector
+        for batch in collector:
+            got.append(batch)
+            if each is not None:
+                each(collector, batch)
+            if len(got) == batches:
+                break
+        return got
+
+    async def main() -> None:
+        async with collector:
+            async for batch in collector:
+                got.append(batch)
+                if each is not None:
+                    each(collector, batch)
+                if len(got) == batches:
+                    break
+
+    adapter.run(main())
+    return got
+
+
+def random_policy(space: gymnasium.spaces.Space[Any]) -> Callable[..., Any]:
+    rng = np.random.default_rng(3)
+
+    def policy(obs: Any, env_ids: np.ndarray) -> Any:
+        space.seed(int(rng.integers(2**31)))
+        return np.array([space.sample() for _ in env_ids]), {"tag": env_ids * 10}
+
+    return policy
+
+
+def trajectories(batches: Sequence[aiovec.SegmentBatch]) -> dict[int, dict[str, np.ndarray]]:
+    """Each env's segments, concatenated in the order they came."""
+    out: dict[int, dict[str, list[Any]]] = {}
+    for batch in batches:
+        for b, i in enumerate(batch.env_ids.tolist()):
+            parts = out.setdefault(i, {})
+            for name in ("obs", "actions", "rewards", "terminations", "truncations", "next_obs"):
+                parts.setdefault(name, []).append(getattr(batch, name)[b])
+            parts.setdefault("tag", []).append(batch.extras["tag"][b])
+    return {i: {k: np.concatenate(v) for k, v in p.items()} for i, p in out.items()}
+
+
+def replay(fn: Callable[[], Any], seed: int, actions: np.ndarray) -> dict[str, list[Any]]:
+    """The env stepped alone: reset with ``seed``, then ``actions``, resetting at each end."""
+    env = fn()
+    got: dict[str, list[Any]] = {k: [] for k in ("obs", "rewards", "term", "trunc", "next_obs")}
+    obs, _ = env.reset(seed=seed)
+    for action in actions:
+        got["obs"].append(obs)
+        nxt, reward, term, trunc, _ = env.step(action)
+        for key, value in zip(
+            ("rewards", "term", "trunc", "next_obs"), (reward, term, trunc, nxt), strict=False
+        ):
+            got[key].append(value)
+        obs = env.reset()[0] if term or trunc else nxt
+    env.close()
+    return got
+
+
+def check_oracle(fns: Sequence[Callable[[], Any]], batches: Sequence[aiovec.SegmentBatch]) -> None:
+    trajs = trajectories(batches)
+    assert len(trajs) > 1
+    for i, t in trajs.items():
+        want = replay(fns[i], 10 + i, t["actions"])
+        np.testing.assert_array_equal(t["obs"], np.array(want["obs"]), err_msg=f"env {i} obs")
+        np.testing.assert_array_equal(t["next_obs"], np.array(want["next_obs"]))
+        np.testing.assert_array_equal(t["rewards"], np.array(want["rewards"]))
+        np.testing.assert_array_equal(t["terminations"], np.array(want["term"]))
+        np.testing.assert_array_equal(t["truncations"], np.array(want["trunc"]))
+        assert (t["tag"] == 10 * i).all()  # the policy's extras stay with their env
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_segments_are_each_env_stepped_alone(
+    backend: str, front_end: str, flavour: str, mode: AutoresetMode
+) -> None:
+    fns = space_env_fns(N, max_len=4)
+    adapter = open_front_end(front_end, fns, flavour=flavour, backend=backend, autoreset_mode=mode)
+    try:
+        batches = run_collector(adapter, random_policy(adapter.venv.single_action_space), 6)
+    finally:
+        adapter.shutdown()
+    check_oracle(fns, batches)
+    assert all(b.obs.shape == (3, LENGTH, 3) for b in batches)
+
+
+def _delayed(fn: Callable[[], Any], i: int) -> AsyncTwin:
+    return AsyncTwin(fn(), max_yields=0, max_delay=0.004 * (i % 3), seed=i)
+
+
+@pytest.mark.parametrize("front_end", ["await", "blocking"])
+def test_segments_with_random_per_env_delays(front_end: str) -> None:
+    """Envs with random per-env delays (0, up to 4 ms, up to 8 ms): segments still exact."""
+    fns = space_env_fns(6, max_len=4)
+    delayed = [functools.partial(_delayed, fn, i) for i, fn in enumerate(fns)]
+    adapter = open_front_end(front_end, delayed)
+    try:
+        batches = run_collector(adapter, random_policy(adapter.venv.single_action_space), 8)
+    finally:
+        adapter.shutdown()
+    check_oracle(fns, batches)
+
+
+@pytest.mark.parametrize("front_end", ["await", "blocking"])
+def test_no_reset_row_is_a_transition(front_end: str) -> None:
+    """Under NEXT_STEP every transition's obs is one the env's step was taken from."""
+    fns = space_env_fns(N, max_len=2)
+    adapter = open_front_end(front_end, fns)
+    try:
+        batches = run_collector(adapter, random_policy(adapter.venv.single_action_space), 4)
+    finally:
+        adapter.shutdown()
+    for batch in batches:
+        assert batch.rewards.min() > 0  # SpaceEnv's rewards are > 0; a reset row's is 0
+    check_oracle(fns, batches)
+
+
+def versions_seen(front_end: str, **kwargs: Any) -> list[tuple[int, np.ndarray]]:
+    """(policy version, batch.versions) of 5 batches, the policy updated after each."""
+    adapter = open_front_end(front_end, space_env_fns(N, max_len=4))
+    seen: list[tuple[int, np.ndarray]] = []
+
+    def each(collector: aiovec.Collector, batch: aiovec.SegmentBatch) -> None:
+        seen.append((collector.policy_version, batch.versions))
+        collector.update_policy()
+
+    try:
+        policy = random_policy(adapter.venv.single_action_space)
+        run_collector(adapter, policy, 5, each=each, **kwargs)
+    finally:
+        adapter.shutdown()
+    assert [v for v, _ in seen] == list(range(5))
+    return seen
+
+
+def test_versions_and_max_lag(front_end: str) -> None:
+    """Each transition records its policy's version; max_lag keeps stale segments out."""
+    for version, versions in versions_seen(front_end, max_lag=0):
+        assert (versions == version).all()
+
+
+def test_without_max_lag_old_versions_are_kept(front_end: str) -> None:
+    assert any((versions < version).any() for version, versions in versions_seen(front_end))
+
+
+class Lengths:
+    """A curriculum: episode ``e`` of env ``i`` lasts ``1 + (i + e) % 3`` steps."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+
+    def __call__(self, env_id: int, episode: int) -> dict[str, Any]:
+        self.asked.append((env_id, episode))
+        return {"length": 1 + (env_id + episode) % 3}
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_reset_options_reach_every_autoreset(backend: str, front_end: str, mode: Any) -> None:
+    fns = space_env_fns(N, min_len=9, max_len=9)
+    adapter = open_front_end(front_end, fns, backend=backend, autoreset_mode=mode)
+    hook = Lengths()
+    try:
+        batches = run_collector(
+            adapter, random_policy(adapter.venv.single_action_space), 4, reset_options=hook
+        )
+    finally:
+        adapter.shutdown()
+    for i, t in trajectories(batches).items():
+        ends = np.flatnonzero(t["terminations"] | t["truncations"])
+        lengths = np.diff(np.concatenate([[-1], ends]))
+        want = [1 + (i + e) % 3 for e in range(len(lengths))]
+        assert lengths.tolist() == want
+    assert len(hook.asked) == len(set(hook.asked))  # each episode asked once
+
+
+def test_reset_options_on_the_vector_env_alone(front_end: str) -> None:
+    """The hook without a collector: autoresets by step() get it too; reset() merges."""
+    fns = space_env_fns(2, min_len=9, max_len=9)
+    hook = Lengths()
+    adapter = open_front_end(front_end, fns, reset_options=hook)
+    try:
+        adapter.reset(seed=0, options={"other": 1})
+        lengths = [0, 0]
+        for _ in range(6):
+            _, _, term, trunc, _ = adapter.step(np.zeros(2, np.int64))
+            for i in np.flatnonzero(term | trunc).tolist():
+                lengths[i] += 1
+        assert hook.asked[:2] == [(0, 0), (1, 0)]
+        assert (0, 1) in hook.asked
+        assert (1, 1) in hook.asked
+        adapter.reset(options={"length": 7})  # explicit options override the hook's
+    finally:
+        adapter.shutdown()
+    assert lengths[0] >= 2  # episode 0 of env 0 lasts 1 step, then NEXT_STEP resets it
+
+
+def test_reset_options_must_return_a_dict() -> None:
+    adapter = open_front_end("blocking", space_env_fns(2), reset_options=lambda i, e: [i])
+    try:
+        with pytest.raises(TypeError, match=r"reset_options\(env_id=0, episode=0\).*list"):
+            adapter.reset(seed=0)
+    finally:
+        adapter.shutdown()
+
+
+def test_async_policy_has_several_calls_in_flight(front_end: str) -> None:
+    fns = space_env_fns(8, max_len=4)
+    adapter = open_front_end(front_end, fns)
+    in_flight = [0]
+    most = [0]
+    space = adapter.venv.single_action_space
+
+    async def policy(obs: Any, env_ids: np.ndarray) -> Any:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        for _ in range(3):
+            await asyncio.sleep(0)
+        in_flight[0] -= 1
+        return np.array([space.sample() for _ in env_ids]), {"tag": env_ids * 10}
+
+    try:
+        batches = run_collector(adapter, policy, 4, max_batch=2)
+    finally:
+        adapter.shutdown()
+    assert most[0] >= 2
+    check_oracle(fns, batches)
+
+
+def test_restart_mid_segment_keeps_earlier_transitions(backend: str, front_end: str) -> None:
+    """Other envs finish while the failed one restarts (async envs in a random order)."""
+    fns = space_env_fns(N, min_len=50, max_len=50)
+    faulty = list(fns)
+    faulty[1] = functools.partial(_faulty, fns[1])
+    flavour = "sync" if backend == "thread" else "async"
+    adapter = open_front_end(
+        front_end, faulty, flavour=flavour, backend=backend, on_error="restart"
+    )
+    try:
+        batches = run_collector(
+            adapter, random_policy(adapter.venv.single_action_space), 4, segment_length=6
+        )
+    finally:
+        adapter.shutdown()
+    mine = [(b, k) for b in batches for k in np.flatnonzero(b.env_ids == 1).tolist()]
+    batch, k = mine[0]
+    # the rebuilt env fails at its own third step again: every third transition
+    assert batch.truncations[k].tolist() == [False, False, True, False, False, True]
+    assert batch.infos["_error"][k].tolist() == [False, False, True, False, False, True]
+    assert "RuntimeError" in batch.infos["error"][k, 2]
+    # the two steps before the failure are the env's own
+    want = replay(fns[1], 11, batch.actions[k, :2])
+    np.testing.assert_array_equal(batch.next_obs[k, :2], np.array(want["next_obs"]))
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_a_restarted_env_starts_its_episode_with_the_hooks_options(
+    front_end: str, mode: Any
+) -> None:
+    fns = space_env_fns(N, min_len=9, max_len=9)
+    fns[1] = functools.partial(_faulty_once, fns[1], [])  # the rebuilt env does not fail
+    adapter = open_front_end(front_end, fns, on_error="restart", autoreset_mode=mode)
+    try:
+        policy = random_policy(adapter.venv.single_action_space)
+        batches = run_collector(adapter, policy, 6, segment_length=4, reset_options=Lengths())
+    finally:
+        adapter.shutdown()
+    mine = [(b, k) for b in batches for k in np.flatnonzero(b.env_ids == 1).tolist()]
+    ends = np.concatenate([b.terminations[k] | b.truncations[k] for b, k in mine])
+    errors = np.concatenate(
+        [b.infos.get("_error", np.zeros((len(b.env_ids), 4), bool))[k] for b, k in mine]
+    )
+    assert errors.sum() == 1
+    start = 0
+    for episode, end in enumerate(np.flatnonzero(ends).tolist()):
+        if not errors[end]:  # an episode the error did not cut short
+            assert end + 1 - start == 1 + (1 + episode) % 3, episode
+        start = end + 1
+
+
+def _faulty_once(fn: Callable[[], Any], made: list[int]) -> Any:
+    made.append(1)
+    return _faulty(fn) if len(made) == 1 else fn()
+
+
+def _faulty(fn: Callable[[], Any]) -> Any:
+    return FaultyEnv(fn(), method="step", at=3, error=RuntimeError("boom"))
+
+
+def test_an_env_error_propagates_without_restart(front_end: str) -> None:
+    fns = space_env_fns(N, max_len=4)
+    fns[2] = functools.partial(_faulty, fns[2])
+    adapter = open_front_end(front_end, fns)
+    try:
+        with pytest.raises(aiovec.EnvError) as caught:
+            run_collector(adapter, random_policy(adapter.venv.single_action_space), 10)
+        assert caught.value.env_index == 2
+    finally:
+        adapter.shutdown()
+
+
+def _gated(gate: Gate, i: int) -> Any:
+    """Env 0 answers; the others' first step waits for ``gate`` (never released)."""
+    env = SpaceEnv(*SPACE, min_len=9, max_len=9)
+    return env if i == 0 else AsyncHangingEnv(env, gate)
+
+
+def test_break_stops_every_env_call(
+    front_end: str, backend: str, tmp_path: Any, leak_check: LeakCheck
+) -> None:
+    """Leaving the loop cancels the envs still out; the vector env can be reset and closed."""
+    if backend == "thread":
+        pytest.skip("runs synchronous envs only")
+    gate = Gate(tmp_path)
+    fns = [functools.partial(_gated, gate, i) for i in range(N)]
+    adapter = open_front_end(front_end, fns, backend=backend)
+    try:
+        policy = lambda obs, ids: np.zeros(len(ids), np.int64)  # noqa: E731
+        batches = run_collector(adapter, policy, 1, segment_length=2, batch_size=1)
+        assert batches[0].env_ids.tolist() == [0]
+        assert adapter.venv.state is aiovec.State.BROKEN  # nothing is left in flight
+        if backend == "inline":
+            assert [env.cancelled for env in adapter.venv.envs[1:]] == [1, 1, 1]
+        adapter.reset(seed=0)  # the hung calls are gone: a reset answers
+    finally:
+        gate.release()
+        adapter.shutdown()
+
+
+def _zeros(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+    return np.zeros(len(env_ids), np.int64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"envs": "venv"}, TypeError, "envs must be an aiovec.AsyncioVectorEnv or aiovec.Block"),
+        ({"policy": 3}, TypeError, "policy must be callable, got int 3"),
+        ({"segment_length": 0}, ValueError, "segment_length must be an int >= 1, got 0"),
+        ({"batch_size": 2.0}, TypeError, "batch_size must be an int >= 1, got float 2.0"),
+        ({"max_batch": True}, TypeError, "max_batch must be an int >= 1, got bool True"),
+        ({"max_wait": -1}, ValueError, "max_wait must be a positive number of seconds"),
+        ({"max_lag": -1}, ValueError, "max_lag must be an int >= 0, got -1"),
+        ({"reset_options": 5}, TypeError, "reset_options must be a callable"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_env_is_touched(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    adapter = open_front_end("blocking", space_env_fns(2))
+    arguments: dict[str, Any] = {
+        "envs": adapter.venv,
+        "policy": _zeros,
+        "segment_length": 2,
+        "batch_size": 1,
+        **kwargs,
+    }
+    try:
+        with pytest.raises(error, match=re.escape(message)):
+            aiovec.Collector(arguments.pop("envs"), arguments.pop("policy"), **arguments)
+        assert adapter.venv.state is aiovec.State.NEEDS_RESET
+    finally:
+        adapter.shutdown()
+
+
+def test_one_reset_options_hook_only() -> None:
+    adapter = open_front_end("blocking", space_env_fns(2), reset_options=Lengths())
+    try:
+        with pytest.raises(ValueError, match="has a reset_options hook already"):
+            aiovec.Collector(
+                adapter.venv, _zeros, segment_length=2, batch_size=1, reset_options=Lengths()
+            )
+    finally:
+        adapter.shutdown()
+
+
+def test_each_front_end_iterates_its_own_way() -> None:
+    adapter = open_front_end("blocking", space_env_fns(2))
+    try:
+        collector = aiovec.Collector(adapter.venv, _zeros, segment_length=2, batch_size=1)
+        with pytest.raises(TypeError, match="iterated with `for`, not `async for`"):
+            collector.__aiter__()
+    finally:
+        adapter.shutdown()
+    adapter = open_front_end("await", space_env_fns(2))
+    try:
+        collector = aiovec.Collector(adapter.venv, _zeros, segment_length=2, batch_size=1)
+        with pytest.raises(TypeError, match="iterated with `async for`, not `for`"):
+            iter(collector)
+    finally:
+        adapter.shutdown()
