@@ -210,6 +210,7 @@ class FlakySteps(SpaceEnv):
         return super().step(action)
 
 
+@pytest.mark.async_envs
 def test_the_limit_keeps_the_error_subclass(open_venv, backend, gates):
     gate = gates()
     fns = fns_with({1: functools.partial(_hanging_every_time, gate)})
