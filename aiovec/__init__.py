@@ -25,7 +25,7 @@ from aiovec._errors import (
 from aiovec._make import make
 from aiovec._vector import AsyncioVectorEnv
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"  # equal to pyproject.toml's (tests/test_public_api.py)
 
 __all__ = (
     "AlreadyPendingCallError",

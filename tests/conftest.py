@@ -344,18 +344,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     freeze_what_the_session_keeps()
 
 
-def require_async_envs(backend: str) -> None:
-    """Skip a test that needs async envs on a backend that runs sync envs only."""
-    if backend in SYNC_ONLY_BACKENDS:
-        pytest.skip(f"backend={backend!r} runs synchronous envs only")
+ASYNC_ENVS = "async_envs"
+"""The mark of a test that hands async envs to aiovec whatever its ``flavour``."""
 
 
-@pytest.fixture(autouse=True)
-def _skip_async_envs_on_sync_only_backends(request: pytest.FixtureRequest) -> None:
-    callspec = getattr(request.node, "callspec", None)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{ASYNC_ENVS}: hands async envs to aiovec (not collected on sync-only backends)"
+    )
+
+
+def exists(item: pytest.Item) -> bool:
+    """Whether a collected combination is one aiovec accepts.
+
+    A sync-only backend refuses async envs by design (``test_factory_rule.py``
+    checks the refusal): a test that runs async envs there (``flavour="async"``,
+    or the :data:`ASYNC_ENVS` mark) is not a test case, so it is not collected.
+    """
+    callspec = getattr(item, "callspec", None)
     params = callspec.params if callspec is not None else {}
-    if params.get("flavour") == "async" and params.get("backend") in SYNC_ONLY_BACKENDS:
-        pytest.skip(f"backend={params['backend']!r} runs synchronous envs only")
+    if params.get("backend") not in SYNC_ONLY_BACKENDS:
+        return True
+    return params.get("flavour") != "async" and item.get_closest_marker(ASYNC_ENVS) is None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items[:] = [item for item in items if exists(item)]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -463,8 +477,6 @@ def flavour(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def make_venv(backend: str, front_end: str, flavour: str) -> Iterator[Callable[..., FrontEnd]]:
     """Build aiovec (plain factories in; the flavour is applied here); closed at teardown."""
-    if flavour == "async" and backend in SYNC_ONLY_BACKENDS:
-        pytest.skip(f"backend={backend!r} runs synchronous envs only")
     opened: list[FrontEnd] = []
 
     def make(env_fns: Sequence[EnvFn], **kwargs: Any) -> FrontEnd:

@@ -11,7 +11,14 @@ import functools
 
 import numpy as np
 import pytest
-from conftest import Lockstep, counters, open_front_end, space_env_fns
+from conftest import (
+    SYNC_ONLY_BACKENDS,
+    Lockstep,
+    counters,
+    flavoured,
+    open_front_end,
+    space_env_fns,
+)
 from gymnasium import spaces
 
 from aiovec.testing import SpaceEnv
@@ -211,9 +218,18 @@ def test_the_first_mismatch_is_the_lowest_env_index(make_venv):
     assert "Discrete(7)" not in message, "only the first mismatch is named"
 
 
+@pytest.mark.parametrize("backend", sorted(SYNC_ONLY_BACKENDS))
+def test_async_envs_on_a_sync_only_backend_are_refused_naming_the_fix(
+    backend, front_end, leak_check
+):
+    """The suite runs no async env there (tests/conftest.py); this is what a user gets."""
+    with pytest.raises(TypeError, match=r"returned an async env \(AsyncTwin\).*backend='inline'"):
+        open_front_end(front_end, flavoured(space_env_fns(2), "async"), backend=backend)
+
+
+# on process and ray, envs close in their workers (see test_process.py and test_ray.py)
+@pytest.mark.parametrize("backend", ["inline", "thread"])
 def test_envs_built_before_a_failed_construction_are_closed(backend, front_end):
-    if backend in ("process", "ray"):
-        pytest.skip("envs close in their workers (see test_process.py and test_ray.py)")
     closed: list[int] = []
 
     class Tracked(SpaceEnv):

@@ -401,7 +401,7 @@ def test_bench_reports_a_file_that_fails_to_import(tmp_path, capsys):
 
 
 def test_bench_plot_draws_a_png(envs_py, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason='needs the "plot" extra: pip install "aiovec[plot]"')
     png = tmp_path / "bench.png"
     args = [
         "bench",

@@ -12,12 +12,10 @@ import pytest
 from conftest import (
     BACKENDS,
     MODES,
-    SYNC_ONLY_BACKENDS,
     Lockstep,
     assert_same,
     counters,
     open_front_end,
-    require_async_envs,
     space_env_fns,
 )
 from gymnasium import spaces
@@ -356,9 +354,8 @@ def _recording(fn, index, log):
     return RecordingTwin(fn(), index, log, max_yields=12, seed=index * 31 + 1)
 
 
+@pytest.mark.async_envs
 def test_results_ordered_by_env_index_whatever_the_finish_order(backend, front_end, make_oracle):
-    if backend in SYNC_ONLY_BACKENDS:
-        pytest.skip(f"backend={backend!r} runs synchronous envs only")
     fns = space_env_fns(8, "dict-tuple", min_len=2, max_len=6)
     log: list[int] = []
     twins = [functools.partial(_recording, fn, i, log) for i, fn in enumerate(fns)]
@@ -405,9 +402,9 @@ class GateEnv(aiovec.AsyncEnv):
 
 
 @pytest.mark.asyncio
+@pytest.mark.async_envs
 @pytest.mark.parametrize("backend", IN_LOOP_BACKENDS)
 async def test_second_step_while_one_is_in_flight_raises(backend):
-    require_async_envs(backend)
     gate = asyncio.Event()
     fns = [functools.partial(GateEnv, gate) for _ in range(2)]
     async with aiovec.AsyncioVectorEnv(fns, backend=backend) as venv:
@@ -429,9 +426,9 @@ async def test_second_step_while_one_is_in_flight_raises(backend):
 
 
 @pytest.mark.asyncio
+@pytest.mark.async_envs
 @pytest.mark.parametrize("backend", IN_LOOP_BACKENDS)
 async def test_cancelled_step_leaves_a_clear_state(backend):
-    require_async_envs(backend)
     gate = asyncio.Event()
     fns = [functools.partial(GateEnv, gate) for _ in range(3)]
     async with aiovec.AsyncioVectorEnv(fns, backend=backend) as venv:
@@ -464,9 +461,8 @@ async def test_async_with_closes(backend):
         await venv.reset(seed=0)
 
 
+@pytest.mark.parametrize("backend", IN_LOOP_BACKENDS)  # where the envs live in this process
 def test_envs_property_lists_the_envs(make_venv, backend):
-    if backend not in IN_LOOP_BACKENDS:
-        pytest.skip("envs is only available where the envs live in this process")
     venv = make_venv(space_env_fns(3))
     envs = venv.envs
     assert len(envs) == 3

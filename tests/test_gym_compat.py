@@ -17,7 +17,6 @@ from conftest import (
     assert_spaces_equal,
     open_front_end,
     oracle_env,
-    require_async_envs,
     space_env_fns,
 )
 from gymnasium.vector import AutoresetMode
@@ -131,10 +130,10 @@ def test_sync_vector_env_script_runs_by_swapping_the_constructor(make_blocking):
 
 
 @pytest.mark.asyncio
+@pytest.mark.async_envs
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_blocking_works_inside_a_running_event_loop(backend):
     """As in Jupyter: blocking calls made from code that runs on an event loop."""
-    require_async_envs(backend)
     fns = space_env_fns(3, "dict-tuple", min_len=1, max_len=4)
     envs = open_front_end("blocking", fns, flavour="async", backend=backend)
     try:

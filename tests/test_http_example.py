@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import BACKENDS, FRONT_ENDS, SYNC_ONLY_BACKENDS, open_front_end
 
-pytest.importorskip("aiohttp")
+pytest.importorskip("aiohttp", reason='needs the "http" extra: pip install "aiovec[http]"')
 
 EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "http_env.py"
 

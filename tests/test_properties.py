@@ -21,7 +21,6 @@ from conftest import (
     Lockstep,
     driven,
     oracle_env,
-    require_async_envs,
     space_env_fns,
 )
 from gymnasium.vector import AutoresetMode
@@ -114,6 +113,7 @@ def _twin(fn, max_yields: int, seed: int) -> AsyncTwin:
     return AsyncTwin(fn(), max_yields=max_yields, seed=seed)
 
 
+@pytest.mark.async_envs
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("front_end", FRONT_ENDS)
 @settings(max_examples=15, deadline=None)
@@ -127,7 +127,6 @@ def test_completion_order_never_changes_results(
     backend, front_end, num_envs, seed, max_yields, steps
 ):
     """Async twins finishing in any order give what the sync envs give."""
-    require_async_envs(backend)
     fns = space_env_fns(num_envs, "dict-tuple", min_len=1, max_len=4)
     twins = [functools.partial(_twin, fn, max_yields, seed + i) for i, fn in enumerate(fns)]
     # The twins are already async: "sync" flavour hands them to aiovec as they are.

@@ -8,6 +8,7 @@ import pickle
 import re
 import subprocess
 import sys
+import tomllib
 
 import gymnasium
 import pytest
@@ -41,6 +42,14 @@ def test_all_is_exactly_the_public_names():
     public_attrs = {name for name in dir(aiovec) if not name.startswith("_")}
     submodules = {"backends", "testing", "gameserver", "compat"}
     assert public_attrs - PUBLIC <= submodules
+
+
+def test_the_version_is_pyprojects_and_has_its_changelog_section():
+    root = pathlib.Path(__file__).parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert aiovec.__version__ == project["version"]
+    changelog = (root / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"## [{aiovec.__version__}] - " in changelog, "CHANGELOG.md has no section for it"
 
 
 @pytest.mark.parametrize("name", sorted(PUBLIC - {"__version__"}))

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.ray
 
 NUM_ENVS = 4
 PLACEMENT_TIMEOUT = 10.0  # seconds for a new actor on a lost node's resource: never placed
-needs_ray = pytest.mark.skipif(not HAVE_RAY, reason='ray is not installed ("aiovec[ray]")')
+needs_ray = pytest.mark.skipif(
+    not HAVE_RAY, reason='needs the "ray" extra: pip install "aiovec[ray]"'
+)
 
 
 def fns(count: int = NUM_ENVS) -> list[Any]:
@@ -74,7 +76,7 @@ def test_a_missing_ray_says_which_extra_to_install(monkeypatch):
 )
 def test_bad_backend_options_are_refused_before_any_env_is_built(backend, options, error, match):
     if backend == "ray" and not HAVE_RAY:
-        pytest.skip("ray is not installed")
+        pytest.skip('needs the "ray" extra: pip install "aiovec[ray]"')
     factory = Counted()
     with pytest.raises(error, match=match):
         aiovec.AsyncioVectorEnv([factory] * 2, backend=backend, backend_options=options)
@@ -125,7 +127,7 @@ def assert_same_as_inline(venv: aiovec.BlockingVectorEnv) -> None:
 def doomed_node(ray_cluster: Any) -> Iterator[tuple[Any, str]]:
     """A third node of the cluster, with a custom resource ``doomed``; removed at the end."""
     if ray_cluster is None:
-        pytest.skip("ray is not installed")
+        pytest.skip('needs the "ray" extra: pip install "aiovec[ray]"')
     node = ray_cluster.add_node(**RAY_NODE, resources={"doomed": 4})
     ray_cluster.wait_for_nodes()
     try:

@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode
 import aiovec
 from aiovec.testing import AsyncTwin, FaultyEnv, SpaceEnv
 
-pytest.importorskip("stable_baselines3")
+pytest.importorskip("stable_baselines3", reason='needs the "sb3" extra: pip install "aiovec[sb3]"')
 
 from stable_baselines3 import PPO
 from stable_baselines3.common.monitor import Monitor
@@ -127,7 +127,9 @@ def test_the_episode_ends_travel_as_sb3_wants_them():
 
 
 def test_ppo_learns_exactly_what_it_learns_on_dummy_vec_env():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip(
+        "torch", reason='needs the "sb3" extra (torch): pip install "aiovec[sb3]"'
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same arithmetic, in the same order, for both runs
 

@@ -63,7 +63,7 @@ GROUPED = ["process", pytest.param("ray", marks=pytest.mark.ray)]
 def _grouped(backend: str) -> dict[str, Any]:
     """The arguments of a vector env on ``backend`` (2 workers; ray: the test pool)."""
     if backend == "ray" and not HAVE_RAY:
-        pytest.skip('ray is not installed (pip install "aiovec[ray]")')
+        pytest.skip('needs the "ray" extra: pip install "aiovec[ray]"')
     kwargs: dict[str, Any] = {"backend": backend, "num_workers": 2}
     if backend == "ray" and RAY_ACTORS:
         kwargs["backend_options"] = {"actor_pool": RAY_ACTORS[0]}
@@ -365,7 +365,9 @@ async def test_close_after_a_worker_was_killed_raises_nothing(tmp_path, backend)
 
 
 def test_a_worker_runs_its_envs_on_uvloop_where_it_is_installed():
-    uvloop = pytest.importorskip("uvloop")
+    uvloop = pytest.importorskip(
+        "uvloop", reason='needs the "uvloop" extra: pip install "aiovec[uvloop]"'
+    )
     loop = _worker._new_loop()
     try:
         assert isinstance(loop, uvloop.Loop)

@@ -32,7 +32,7 @@ def _no_leaks(leak_check: LeakCheck) -> None:
 def skip_unless_available(backend: str) -> None:
     """Skip a backend whose optional dependency is missing."""
     if backend == "ray" and not HAVE_RAY:
-        pytest.skip('ray is not installed (pip install "aiovec[ray]")')
+        pytest.skip('needs the "ray" extra: pip install "aiovec[ray]"')
 
 
 @pytest.fixture(params=FAULT_BACKENDS)

@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 import pytest
-from conftest import Lockstep, require_async_envs
+from conftest import Lockstep
 from gymnasium.vector import SyncVectorEnv
 
 import aiovec
@@ -58,8 +58,6 @@ class Run:
 
     def __init__(self, fault: Fault, backend: str, flavour: str, gates: Any, request: Any):
         skip_unless_available(backend)
-        if flavour == "async":
-            require_async_envs(backend)
         self.fault = fault
         self.env, self.at, self.step = fault.place(request.node.nodeid)
         lengths = fault.lengths

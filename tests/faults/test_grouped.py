@@ -99,7 +99,7 @@ def _what_a_user_sees(
 
 
 @pytest.mark.ray
-@pytest.mark.skipif(not HAVE_RAY, reason='ray is not installed (pip install "aiovec[ray]")')
+@pytest.mark.skipif(not HAVE_RAY, reason='needs the "ray" extra: pip install "aiovec[ray]"')
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_process_and_ray_fail_alike(
     scenario: str, gates: Any, caplog: pytest.LogCaptureFixture, ray_cluster: Any

@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 import pytest
-from conftest import Lockstep, require_async_envs
+from conftest import Lockstep
 from gymnasium.vector import SyncVectorEnv
 
 import aiovec
@@ -101,8 +101,6 @@ def oracle() -> SyncVectorEnv:
 
 def open_lock(open_venv: Any, backend: str, flavour: str, fns: list[Any], **kw: Any) -> Lockstep:
     skip_unless_available(backend)
-    if flavour == "async":
-        require_async_envs(backend)
     kw.setdefault("on_error", RestartPolicy(max_restarts=R, window=3600.0, backoff=0.0))
     lock = Lockstep(open_venv(fns, **kw), oracle())
     lock.reset(seed=3)
@@ -212,6 +210,7 @@ class FlakySteps(SpaceEnv):
         return super().step(action)
 
 
+@pytest.mark.async_envs
 def test_the_limit_keeps_the_error_subclass(open_venv, backend, gates):
     gate = gates()
     fns = fns_with({1: functools.partial(_hanging_every_time, gate)})

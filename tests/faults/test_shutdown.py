@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
-from conftest import Lockstep, require_async_envs
+from conftest import Lockstep
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
 
@@ -66,8 +66,6 @@ def plain() -> Any:
 
 def setup_or_skip(backend: str, flavour: str) -> None:
     skip_unless_available(backend)
-    if flavour == "async":
-        require_async_envs(backend)
 
 
 async def in_flight(venv: aiovec.AsyncioVectorEnv[Any, Any]) -> asyncio.Task[Any]:
