@@ -50,7 +50,7 @@ def _env(gate: Gate, index: int) -> Any:
 async def test_the_envs_behind_a_hung_sync_env_are_lost_with_its_worker(tmp_path, backend):
     """3 sync envs on a worker: env 0 answers, env 1 hangs, env 2 never starts."""
     if backend == "ray" and not HAVE_RAY:
-        pytest.skip('ray is not installed (pip install "aiovec[ray]")')
+        pytest.skip('needs the "ray" extra: pip install "aiovec[ray]"')
     gate = Gate(tmp_path)
     options = {"actor_pool": RAY_ACTORS[0]} if backend == "ray" and RAY_ACTORS else None
     venv = aiovec.AsyncioVectorEnv(

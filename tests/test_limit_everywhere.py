@@ -111,7 +111,7 @@ CASES = [
 def _kwargs(backend: str, extra: dict[str, Any]) -> dict[str, Any]:
     if backend == "ray":
         if not HAVE_RAY:
-            pytest.skip('ray is not installed (pip install "aiovec[ray]")')
+            pytest.skip('needs the "ray" extra: pip install "aiovec[ray]"')
         if RAY_ACTORS:
             extra = {**extra, "backend_options": {"actor_pool": RAY_ACTORS[0]}}
     return {"backend": backend, **extra}
