@@ -7,6 +7,7 @@ Run from the repository root::
     python benchmarks/cpu.py --reps 7 --json cpu.json
     python benchmarks/cpu.py --workers 1,2,4,8,16   # also: throughput against W
     python benchmarks/cpu.py --only pipelined --only scaling --workers 1,2,4,8,16
+    python benchmarks/cpu.py --only parent --reps 5   # the parent's CPU against W
 
 Cases (W = 2 workers for aiovec): CartPole-v1 with N = 32 and N = 256, and
 ``BusyCartPole`` (CartPole plus ~100 us of pure Python per step) with N = 32.
@@ -47,8 +48,22 @@ above), each group stepped in halves of 16 envs, one byte per half on raw
 pipes, so that a worker steps one half while the parent handles the other.
 Reported: thousands of env-steps per second (each timing counts ``--steps``
 batches of 32 env-steps; the envs still in flight at its end are collected
-untimed) and the speed-up over ``SyncVectorEnv``, with PASS/MISS against
-issue 15's 1.3x for both front ends.
+untimed), the speed-up over ``SyncVectorEnv`` and over aiovec's lock-step
+``step`` (medians of per-repetition ratios), and the parent's CPU per
+env-step of each loop (one more timing each), with PASS/MISS for both front
+ends against issue 27's targets: at least 1.0x ``SyncVectorEnv``, at least
+1.3x the lock-step ``step``, at most 2.5 us of parent CPU per env-step (and
+against issue 15's older 1.3x ``SyncVectorEnv``).
+
+The parent's cost (issue 27, ``benchmarks/_parent.py``): the parent's CPU
+(``time.process_time()``) per lock-step vector step of 64 CartPole-v1 envs on
+``backend="process"`` with W workers, against a bare parent that writes one
+byte to each of W pipes of W echo processes and reads one byte back from
+each, interleaved in every repetition, for W in ``--workers`` (default
+1,2,4,8,16; ``--quick``: 1,2).  Reported per W: both parents' CPU per step
+(median, min-max), the ratio (median of per-repetition ratios) with PASS/MISS
+against issue 27's at most 2.5x at W = 2, 4, 8 and 16, and the wall time per
+step of each.
 """
 
 from __future__ import annotations
@@ -79,6 +94,7 @@ from _common import (
     run_interleaved,
     timed_sync,
 )
+from _parent import DEFAULT_WORKERS, QUICK_WORKERS, parent_cost, print_parent
 from gymnasium.envs.classic_control import CartPoleEnv
 
 import aiovec
@@ -103,11 +119,17 @@ PIPELINED_ENVS, PIPELINED_BATCH = 64, 32
 SENT_AWAIT = f"{PROCESS}: await send()/recv(min_envs={PIPELINED_BATCH})"
 SENT_BLOCKING = f"{PROCESS}: BlockingVectorEnv send()/recv(min_envs={PIPELINED_BATCH})"
 PIPELINED_FLOOR = "minimal parent: the same rounds over 2 workers in halves"
-# candidate -> minimum speed-up (env-steps/s) over SyncVectorEnv over PIPELINED_BATCH envs
-PIPELINED_TARGETS = {SENT_AWAIT: 1.3, SENT_BLOCKING: 1.3}
+PIPELINED_STEP = f"{PROCESS}: step()"  # lock-step over PIPELINED_BATCH envs
+# Issue 27's targets for both pipelined loops: minimum speed-up (env-steps/s) over
+# SyncVectorEnv and over aiovec's lock-step step(), both over PIPELINED_BATCH envs, and
+# the most parent CPU per env-step, in microseconds
+PIPELINED_OURS = (SENT_AWAIT, SENT_BLOCKING)
+PIPELINED_OVER_SYNC, PIPELINED_OVER_STEP, PIPELINED_PARENT_US = 1.0, 1.3, 2.5
+PIPELINED_OVER_SYNC_ISSUE_15 = 1.3  # issue 15's older target over SyncVectorEnv
 # --only's choices: the lock-step cases (with the round trip, breakdown and memory),
-# the pipelined loop (with its CPU accounting), and throughput against --workers
-PARTS = ("lockstep", "pipelined", "scaling")
+# the pipelined loop (with its CPU accounting), throughput against --workers, and
+# the parent's CPU per lock-step step against a bare pipe parent
+PARTS = ("lockstep", "pipelined", "scaling", "parent")
 
 
 class BusyCartPole(CartPoleEnv):
@@ -610,7 +632,7 @@ def pipelined(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict
         lockstep = aiovec.BlockingVectorEnv(
             [make_cartpole] * batch, backend="process", num_workers=2
         )
-        made.append((_stepper(f"{PROCESS}: step()", lockstep, batch), batch))
+        made.append((_stepper(PIPELINED_STEP, lockstep, batch), batch))
         for name, make_loop in ((SENT_AWAIT, pipelined_await), (SENT_BLOCKING, pipelined_blocking)):
             cand, pids[name] = make_loop(name, make_cartpole, n, batch)
             made.append((cand, n))
@@ -630,11 +652,21 @@ def pipelined(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict
         for cand, _ in made:
             cand.close()
     base = made[0][0]
+    step = next(cand for cand, _ in made if cand.name == PIPELINED_STEP)
     rows = [_rate_row("CartPole-v1", size, cand, steps * batch, base) for cand, size in made]
-    for row in rows:
-        target = PIPELINED_TARGETS.get(row["candidate"])
-        if target is not None:
-            row["target"], row["passed"] = target, row["over_sync"] >= target
+    for row, (cand, _) in zip(rows, made, strict=True):
+        if cand.name in PIPELINED_OURS:
+            row["over_step"] = median_ratio(step.seconds, cand.seconds)  # same env-steps
+            row["target"] = PIPELINED_OVER_SYNC
+            row["passed"] = row["over_sync"] >= PIPELINED_OVER_SYNC
+            row["target_over_step"] = PIPELINED_OVER_STEP
+            row["passed_over_step"] = row["over_step"] >= PIPELINED_OVER_STEP
+            row["target_issue_15"] = PIPELINED_OVER_SYNC_ISSUE_15
+            row["passed_issue_15"] = row["over_sync"] >= PIPELINED_OVER_SYNC_ISSUE_15
+    for account in accounts:
+        if account["candidate"] in PIPELINED_OURS:
+            account["target"] = PIPELINED_PARENT_US
+            account["passed"] = account["parent_cpu_us"] <= PIPELINED_PARENT_US
     return rows, accounts
 
 
@@ -813,26 +845,33 @@ def print_report(info: dict[str, str], rows: list[dict[str, Any]], extra: dict[s
             f"recv(min_envs={PIPELINED_BATCH}) then send for the envs received, against "
             f"lock-step steps of {PIPELINED_BATCH} envs (random actions)"
         )
-        _print_rates(extra["pipelined"])
+        _print_pipelined(extra["pipelined"])
     if extra.get("pipelined_cpu"):
         print()
         print(
-            "| pipelined loop: where the CPU went | parent CPU us/env-step "
+            "| pipelined loop: where the CPU went | parent CPU us/env-step | target "
             "| workers' CPU us/env-step | cores busy |"
         )
-        print("|---|---:|---:|---:|")
+        print("|---|---:|---|---:|---:|")
         for a in extra["pipelined_cpu"]:
+            target = _verdict("<= ", a.get("target"), a.get("passed"), " us")
             print(
-                f"| {a['candidate']} | {a['parent_cpu_us']:.2f} | {a['workers_cpu_us']:.2f} "
-                f"| {a['cores']:.2f} |"
+                f"| {a['candidate']} | {a['parent_cpu_us']:.2f} | {target} "
+                f"| {a['workers_cpu_us']:.2f} | {a['cores']:.2f} |"
             )
     if extra.get("scaling"):
         print()
         _print_rates(extra["scaling"])
+    print_parent(extra.get("parent", []))
+    pipelined_rows = extra.get("pipelined", [])
     for results, key, name in (
         (rows, "passed", "default workers"),
         (rows, "passed_unpinned", "cpus=None workers"),
-        (extra.get("pipelined", []), "passed", "pipelined"),
+        (pipelined_rows, "passed", "pipelined over SyncVectorEnv (issue 27)"),
+        (pipelined_rows, "passed_over_step", "pipelined over lock-step step() (issue 27)"),
+        (extra.get("pipelined_cpu", []), "passed", "pipelined parent CPU (issue 27)"),
+        (pipelined_rows, "passed_issue_15", "pipelined over SyncVectorEnv (issue 15)"),
+        (extra.get("parent", []), "passed", "parent CPU against the bare parent (issue 27)"),
     ):
         passed = sum(r.get(key) is True for r in results)
         missed = sum(r.get(key) is False for r in results)
@@ -854,6 +893,31 @@ def _print_rates(rows: Sequence[dict[str, Any]]) -> None:
         )
 
 
+def _verdict(prefix: str, target: float | None, passed: bool | None, unit: str = "x") -> str:
+    """``">= 1.30x PASS"``, or empty where there is no target."""
+    if target is None:
+        return ""
+    return f"{prefix}{target:.2f}{unit} " + ("PASS" if passed else "MISS")
+
+
+def _print_pipelined(rows: Sequence[dict[str, Any]]) -> None:
+    """The pipelined table: speed-ups over SyncVectorEnv and over lock-step ``step()``."""
+    print(
+        "| env | N | candidate | k env-steps/s | over SyncVectorEnv | target (issue 27) "
+        "| over aiovec step() | target (issue 27) | target (issue 15) |"
+    )
+    print("|---|---:|---|---:|---:|---|---:|---|---|")
+    for r in rows:
+        over_step = f"{r['over_step']:.2f}x" if "over_step" in r else ""
+        print(
+            f"| {r['env']} | {r['num_envs']} | {r['candidate']} "
+            f"| {r['k_env_steps_per_s']:.1f} | {r['over_sync']:.2f}x "
+            f"| {_verdict('>= ', r.get('target'), r.get('passed'))} | {over_step} "
+            f"| {_verdict('>= ', r.get('target_over_step'), r.get('passed_over_step'))} "
+            f"| {_verdict('>= ', r.get('target_issue_15'), r.get('passed_issue_15'))} |"
+        )
+
+
 def _has_proc() -> bool:
     """Whether per-process CPU times can be read (Linux ``/proc``)."""
     return os.path.exists(f"/proc/{os.getpid()}/stat")
@@ -869,13 +933,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--workers",
         type=positive_ints,
         default=[],
-        help="comma-separated worker counts: also measure throughput against W",
+        help=(
+            "comma-separated worker counts: also measure throughput against W "
+            "(scaling), and the parent's cost at these W (parent)"
+        ),
     )
     parser.add_argument(
         "--only",
         choices=PARTS,
         action="append",
-        help="run only this part (repeatable; scaling needs --workers)",
+        help=(
+            "run only this part (repeatable; scaling needs --workers; parent takes "
+            "--workers, default 1,2,4,8,16, --quick 1,2)"
+        ),
     )
     args = parser.parse_args(argv)
     args.parts = tuple(args.only or PARTS)
@@ -917,6 +987,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra |= dict(zip(("pipelined", "pipelined_cpu"), pipelined(args), strict=True))
     if "scaling" in args.parts and args.workers:
         extra["scaling"] = scaling(args)
+    if "parent" in args.parts:
+        workers = args.workers or (QUICK_WORKERS if args.quick else DEFAULT_WORKERS)
+        extra["parent"] = parent_cost(workers, max(20, args.steps // 4), args.reps)
     print_report(info, rows, extra)
     elapsed = time.perf_counter() - started
     print(f"({args.reps} repetitions, {elapsed:.0f} s in all)")

@@ -31,5 +31,5 @@ def test_cpu_only_names_its_choices():
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
     assert "lockstepp" in done.stderr
-    for part in ("lockstep", "pipelined", "scaling"):  # quoted or not, by Python version
+    for part in ("lockstep", "pipelined", "scaling", "parent"):  # quoted or not, by Python version
         assert part in done.stderr.split("choose from", 1)[1]
