@@ -20,6 +20,8 @@ import aiovec
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._runner import Runner
 from aiovec.backends import _grouped, _messages, _wire, _worker
+from aiovec.backends._process import lean as _lean
+from aiovec.backends._process import reactor as _reactor
 from aiovec.backends import process as process_backend
 from aiovec.testing import SpaceEnv
 
@@ -423,7 +425,7 @@ class Slow(Hang):
 
 def test_the_loop_is_parked_only_inside_a_blocking_runner() -> None:
     async def probe() -> bool:
-        return process_backend._loop_parked()
+        return _reactor.loop_parked()
 
     runner = Runner()
     try:
@@ -720,7 +722,7 @@ def _unreadable_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         def frame(self) -> bytes:
             return b""
 
-    monkeypatch.setattr(process_backend, "LeanReply", Unmatched)
+    monkeypatch.setattr(_lean, "LeanReply", Unmatched)
     return calls
 
 

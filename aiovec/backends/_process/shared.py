@@ -1,0 +1,51 @@
+"""The step buffer shared by the parent and every worker process.
+
+Actions, observations, rewards and both flags of every env live in one
+buffer laid out by the batched spaces (``_core/layout.py``).  It is an
+anonymous ``memfd`` (an unlinked temporary file where there is none), handed
+to each worker as it starts and mapped once the first workers have reported
+the spaces: nothing can be left in ``/dev/shm`` whatever dies, and no
+resource-tracker process is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+
+from aiovec._core.layout import StepArrays, StepLayout
+
+__all__ = ("SharedBuffer",)
+
+
+class SharedBuffer:
+    """The step buffer: an anonymous file, sized and mapped once the spaces are known."""
+
+    def __init__(self) -> None:
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create("aiovec-steps", os.MFD_CLOEXEC)
+        else:  # an unlinked temporary file: just as nameless
+            with tempfile.TemporaryFile() as file:
+                self.fd = os.dup(file.fileno())
+        self.layout: StepLayout | None = None
+        self.map: mmap.mmap | None = None
+        self.arrays: StepArrays | None = None
+
+    def size(self, layout: StepLayout) -> StepArrays:
+        """Size the file for ``layout`` and map it here."""
+        os.ftruncate(self.fd, layout.nbytes)
+        self.map = mmap.mmap(self.fd, layout.nbytes)
+        self.layout = layout
+        self.arrays = layout.arrays(self.map)
+        return self.arrays
+
+    def close(self) -> None:
+        """Drop this process's mapping and descriptor (workers drop theirs on exit)."""
+        self.arrays = None
+        if self.map is not None:
+            with contextlib.suppress(BufferError):  # views still alive: unmapped when collected
+                self.map.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
