@@ -64,7 +64,14 @@ from aiovec._errors import EnvError, LostWithWorkerError, WorkerDiedError
 from aiovec._log import logger
 from aiovec.backends._base import Backend, EnvTraits, check_rebuilt_spaces
 from aiovec.backends._limit import Slots
-from aiovec.backends._messages import Failed, Outcome, Ready, RebuildReply, StepReply
+from aiovec.backends._messages import (
+    CallReply,
+    Failed,
+    Outcome,
+    Ready,
+    RebuildReply,
+    StepReply,
+)
 
 __all__ = (
     "STUCK_GRACE",
@@ -547,6 +554,17 @@ class GroupedBackend(Backend):
                 waiter.set_result(None)
 
     # -- replies -----------------------------------------------------------------------
+
+    def deliver(self, request: Request, body: Any) -> None:
+        """A worker's reply to ``request``: a control request's value, or its envs' outcomes."""
+        if request.future is not None:
+            if not request.future.done():
+                request.future.set_result(body)
+        elif type(body) is StepReply:
+            self.deliver_step(request, body)
+        else:
+            assert isinstance(body, CallReply)
+            self.deliver_calls(request, body.outcomes)
 
     def deliver_calls(self, request: Request, outcomes: list[Outcome]) -> None:
         """A call's reply: each waiting env's outcome."""

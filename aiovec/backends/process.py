@@ -48,39 +48,32 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
-import cloudpickle
-
 from aiovec._core import validate
 from aiovec._core.layout import Filler, StepArrays, StepLayout
-from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._core.ops import Op, StepOp
 from aiovec._core.rows import StepBlock
-from aiovec._errors import WorkerDiedError
 from aiovec.backends import _worker
 from aiovec.backends._base import EnvTraits
-from aiovec.backends._grouped import GroupedBackend, Request, close_op, ready_traits
+from aiovec.backends._grouped import GroupedBackend, Request, close_op
 from aiovec.backends._messages import (
     CLEAN_STEP,
     LEAN,
     Attach,
     AttachReply,
     Call,
-    CallReply,
     Cancel,
     LeanReply,
-    LeanStep,
     Rebuild,
     RebuildReply,
     Reply,
     StepReply,
-    StepRequest,
     Stop,
 )
 from aiovec.backends._process import link as links
 from aiovec.backends._process.lean import LeanSteps
-from aiovec.backends._process.link import PROTOCOL, Link
+from aiovec.backends._process.link import Link, framed
 from aiovec.backends._process.reactor import Reactor, loop_parked
 from aiovec.backends._process.shared import SharedBuffer
-from aiovec.backends._wire import READ_SIZE, frame
 
 __all__ = ("START_METHOD", "ProcessBackend")
 
@@ -151,42 +144,18 @@ class ProcessBackend(GroupedBackend):
 
     def _ready(self, w: int, body: Any) -> EnvTraits:
         """Worker ``w``'s traits, from its first word (``None``: it died first)."""
-        link = self.workers[w]
-        if body is None:
-            text = str(link.death())
-            if link.process.exitcode == 1 and self._method != "fork":
-                text += (
-                    f"; under the {self._method!r} start method a worker imports the main "
-                    "module anew: does it guard its code with `if __name__ == '__main__':`? "
-                    "(the worker's traceback is above)"
-                )
-            died = ChildProcessError(text)
-            raise WorkerDiedError(dict.fromkeys(link.group, died), "env_fns[...]()") from died
-        traits = ready_traits(body)
+        traits = links.check_ready(self.workers[w], body, self._method)
         self.note_ready(w, body)
         return traits
 
     def started(self) -> None:
         """Share the step buffer; from now on replies are only read with ``os.read``."""
-        layout = StepLayout.of(
-            self.traits.observation_spaces[0], self.traits.action_spaces[0], self.num_envs
-        )
+        traits = self.traits
+        layout = StepLayout.of(traits.observation_spaces[0], traits.action_spaces[0], self.num_envs)
         if layout is not None:
-            arrays = self._buffer.size(layout)
             self._shared = self._buffer
-            if layout.actions is not None:
-                self._fill_actions = layout.actions.filler(arrays.actions)
-            for link in self.workers:  # construction has no loop: wait here for each answer
-                self._seq += 1
-                try:
-                    attached = link.ask_blocking(_framed(Attach(self._seq, layout)))
-                except (EOFError, OSError):
-                    link.process.join(1.0)
-                    died = link.death()
-                    raise WorkerDiedError(dict.fromkeys(link.group, died), "setup") from died
-                assert isinstance(attached, AttachReply)
-                if attached.error is not None:
-                    raise attached.error
+            self._fill_actions = self._buffer.share(layout, self.workers, self._seq)
+            self._seq += len(self.workers)
         for link in self.workers:
             os.set_blocking(link.reply_fd, False)
 
@@ -243,11 +212,9 @@ class ProcessBackend(GroupedBackend):
         out = LeanSteps.frames(self.workers, self._seq, op.mode.value, op.timed)
         self._seq += len(out)
         for link, seq, data, clean in out:  # each in flight once written (see `_written`)
-            died = not self._try_post(link, data)
+            self._try_post(link, data)  # a broken pipe: its sentinel tells the wait
             self._requests[seq] = self.track(link, link.group, since, op)
             self._lean.inflight.append((link, seq, clean))
-            if died:  # its sentinel may not have woken the loop yet
-                self._on_exit(link)
         if not loop_parked():  # the loop delivers each reply: no lean wait
             self._settle_lean()
 
@@ -281,34 +248,12 @@ class ProcessBackend(GroupedBackend):
     def request(self, worker: Link, envs: Sequence[int], op: Op, since: float) -> None:
         """Send ``op`` for ``envs`` (all hosted by ``worker``), pickled or lean."""
         self._seq += 1
-        seq = self._seq
-        first = worker.group.start
-        locals_: Sequence[int] = (
-            range(envs.start - first, envs.stop - first)
-            if isinstance(envs, range)
-            else [i - first for i in envs]
-        )
-        message: StepRequest | Call
-        if isinstance(op, StepOp):
-            if self._in_buffer and len(locals_) == len(worker.group):  # its whole group
-                data = LeanStep.frame(seq, op.mode.value, stream=True)
-                self._written(seq, self.track(worker, envs, since, op), data)
-                return
-            if self._in_buffer:  # a streamed step: its actions are in the rows already
-                message = StepRequest(seq, locals_, op.mode.value, None, None, True)
-            else:
-                message = StepRequest(
-                    seq, locals_, op.mode.value, op.reset_first, op.actions, op.stream, op.timed
-                )
-        else:
-            assert isinstance(op, CallOp)
-            message = Call(seq, locals_, op)
         try:
-            data = _framed(message)
+            data = links.request_frame(self._seq, worker.group, envs, op, self._in_buffer)
         except Exception as exc:
             self.unsendable(envs, op, exc)
             return
-        self._written(seq, self.track(worker, envs, since, op), data)
+        self._written(self._seq, self.track(worker, envs, since, op), data)
 
     def _written(self, seq: int, request: Request, data: bytes) -> None:
         """Write request ``seq`` (framed ``data``); only then is it in flight, its envs waiting.
@@ -317,26 +262,25 @@ class ProcessBackend(GroupedBackend):
         write and its bookkeeping) can leave a request written and forgotten,
         whose reply is then dropped, but never one awaited that was never
         written: its worker would count as blocked in a call it never got, and
-        ``reset()`` would replace it.
+        ``reset()`` would replace it.  A write never reads: if the pipe is
+        broken, the worker's sentinel tells whichever waits next (`_on_exit`).
         """
-        died = not self._try_post(request.worker, data)
+        self._try_post(request.worker, data)
         self._requests[seq] = request
         self.wait_on(request, request.envs)
-        if died:  # its sentinel may not have woken the loop yet
-            self._on_exit(request.worker)
 
     def _control(self, link: Link, kind: type[Rebuild | Attach], arg: Any) -> asyncio.Future[Any]:
         """Send a request that no env waits on; its reply resolves the future."""
         loop = self._reactor.attach()
         self._seq += 1
         future: asyncio.Future[Any] = loop.create_future()
-        self._written(self._seq, Request(link, (), 0.0, future), _framed(kind(self._seq, arg)))
+        self._written(self._seq, Request(link, (), 0.0, future), framed(kind(self._seq, arg)))
         return future
 
     def interrupt(self, worker: Link, locals_: list[int]) -> None:
         """Ask ``worker`` to cancel the calls of its async envs ``locals_``."""
-        if worker.alive and not self._try_post(worker, _framed(Cancel(0, locals_))):
-            self._on_exit(worker)  # it died; its sentinel says so
+        if worker.alive:
+            self._try_post(worker, framed(Cancel(0, locals_)))  # if it died: its sentinel says so
 
     # -- replies -----------------------------------------------------------------------
 
@@ -360,15 +304,8 @@ class ProcessBackend(GroupedBackend):
         fail with `WorkerDiedError` (caused by ``error``), and the vector env's
         ``reset()`` or a restart rebuilds them on a new worker, as after a crash.
         """
-        if not link.alive:
-            return
-        link.process.kill()
-        died = ChildProcessError(
-            f"{link.describe()} was killed: a reply of it could not be read "
-            f"({type(error).__name__}: {error})"
-        )
-        died.__cause__ = error
-        self._on_exit(link, died)
+        if link.alive:
+            self._on_exit(link, link.kill(f"a reply of it could not be read ({error!r})", error))
 
     def _receive(self, link: Link, payload: bytes) -> None:
         """One reply: to a step, a call, or a control request (a future), by its ``seq``."""
@@ -387,16 +324,8 @@ class ProcessBackend(GroupedBackend):
             request = self._requests.get(message.seq)
         else:
             request = self._requests.pop(message.seq, None)
-        if request is None:  # a reply to a request abandoned with its worker
-            return
-        if request.future is not None:
-            if not request.future.done():
-                request.future.set_result(body)
-        elif type(body) is StepReply:
-            self.deliver_step(request, body)
-        else:
-            assert isinstance(body, CallReply)
-            self.deliver_calls(request, body.outcomes)
+        if request is not None:  # else a reply to a request abandoned with its worker
+            self.deliver(request, body)
 
     def _on_exit(self, link: Link, killed: ChildProcessError | None = None) -> None:
         """The worker's process ended (or its pipe broke): fail and lose its envs.
@@ -407,14 +336,10 @@ class ProcessBackend(GroupedBackend):
             return
         self._settle_lean()
         self._reactor.changed()
-        if killed is None:
-            # Replies it sent before dying still count; one that cannot be read is
-            # dropped (its envs fail below with the others).
-            with contextlib.suppress(Exception):
-                os.set_blocking(link.reply_fd, False)
-                while data := os.read(link.reply_fd, READ_SIZE):
-                    for payload in link.frames.feed(data):
-                        self._receive(link, payload)
+        if killed is None:  # replies it sent before dying still count
+            with contextlib.suppress(Exception):  # one that cannot be read is dropped
+                for payload in link.last_words():
+                    self._receive(link, payload)
         self._reactor.unwatch(link)
         link.alive = False
         link.close_pipes()
@@ -533,8 +458,7 @@ class ProcessBackend(GroupedBackend):
         """Kill worker ``w`` now (its envs are lost)."""
         link = self.workers[w]
         if link.alive:
-            link.process.kill()
-            self._on_exit(link, ChildProcessError(f"{link.describe()} was killed: it was blocked"))
+            self._on_exit(link, link.kill("it was blocked"))
 
     # -- rebuilding and closing ----------------------------------------------------------
 
@@ -573,7 +497,7 @@ class ProcessBackend(GroupedBackend):
                 if link.alive:
                     link.exited = loop.create_future()
                     exits.append(link.exited)
-                    self._try_post(link, _framed(Stop()))
+                    self._try_post(link, framed(Stop()))
             if exits:
                 await asyncio.wait(exits, timeout=links.GRACE)
             self._reactor.detach()
@@ -591,14 +515,6 @@ class ProcessBackend(GroupedBackend):
             if link.alive:
                 local = list(range(len(link.group)))
                 with contextlib.suppress(OSError):
-                    self._post_framed(link, _framed(Call(-1, local, close_op(len(local)))))
+                    self._post_framed(link, framed(Call(-1, local, close_op(len(local)))))
         self._fill_actions = None  # it writes through views of the buffer unmapped next
         self._finalizer()
-
-
-def _framed(message: Any) -> bytes:
-    """``message`` pickled (cloudpickled if it must be: a lambda among call() arguments), framed."""
-    try:
-        return frame(pickle.dumps(message, PROTOCOL))
-    except Exception:
-        return frame(cloudpickle.dumps(message, PROTOCOL))

@@ -598,10 +598,7 @@ class RayBackend(GroupedBackend):
             for i in self.waiting(request):
                 self._finish(i, None, exc)
             return
-        if type(reply) is StepReply:
-            self.deliver_step(request, reply)
-        else:
-            self.deliver_calls(request, reply.outcomes)
+        self.deliver(request, reply)
 
     def step_arrays(self) -> StepArrays:
         """The receive buffer: each actor's step rows are copied into it."""

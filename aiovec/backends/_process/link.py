@@ -18,17 +18,31 @@ import pickle
 import select
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import cloudpickle
 
+from aiovec._core.ops import CallOp, Op
+from aiovec._errors import WorkerDiedError
 from aiovec.backends import _worker
-from aiovec.backends._messages import Reply, Stop
+from aiovec.backends._base import EnvTraits
+from aiovec.backends._grouped import ready_traits
+from aiovec.backends._messages import Call, LeanStep, Reply, StepRequest, Stop
 from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame
 
-__all__ = ("GRACE", "PROTOCOL", "Link", "first_message", "reap", "start")
+__all__ = (
+    "GRACE",
+    "PROTOCOL",
+    "Link",
+    "check_ready",
+    "first_message",
+    "framed",
+    "reap",
+    "request_frame",
+    "start",
+)
 
 GRACE = 2.0  # seconds workers get to exit once asked, before terminate, then kill
 PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -84,6 +98,19 @@ class Link:
         if code is not None and code < 0:
             how = f"killed by {signal.Signals(-code).name}"
         return ChildProcessError(f"{self.describe()} died ({how})")
+
+    def kill(self, why: str, cause: BaseException | None = None) -> ChildProcessError:
+        """Kill the process now; the cause of its envs' `WorkerDiedError` (``why``)."""
+        self.process.kill()
+        died = ChildProcessError(f"{self.describe()} was killed: {why}")
+        died.__cause__ = cause
+        return died
+
+    def last_words(self) -> Iterator[bytes]:
+        """The replies it sent before dying, still in its pipe."""
+        os.set_blocking(self.reply_fd, False)
+        while data := os.read(self.reply_fd, READ_SIZE):
+            yield from self.frames.feed(data)
 
     def write(self, data: bytes) -> bool:
         """Write framed ``data``, queueing what the pipe has no room for; whether some waits.
@@ -182,6 +209,58 @@ def first_message(link: Link) -> Any:
         pass
     link.process.join(1.0)
     return None
+
+
+def check_ready(link: Link, body: Any, method: str) -> EnvTraits:
+    """A new worker's traits, from its first word ``body`` (``None``: it died first).
+
+    A worker that exits with code 1 before its first word, under a start method
+    that imports the main module anew (``method``), most likely ran into
+    unguarded code there: the error says so.
+    """
+    if body is None:
+        text = str(link.death())
+        if link.process.exitcode == 1 and method != "fork":
+            text += (
+                f"; under the {method!r} start method a worker imports the main module anew: "
+                "does it guard its code with `if __name__ == '__main__':`? (the worker's "
+                "traceback is above)"
+            )
+        died = ChildProcessError(text)
+        raise WorkerDiedError(dict.fromkeys(link.group, died), "env_fns[...]()") from died
+    return ready_traits(body)
+
+
+def request_frame(seq: int, group: range, envs: Sequence[int], op: Op, in_buffer: bool) -> bytes:
+    """The framed request ``seq`` of ``op`` for ``envs`` of a worker hosting ``group``.
+
+    ``in_buffer``: a streamed step's actions and reset flags are in the shared
+    rows already; only its mode is sent (the 11-byte `LeanStep` for a whole group).
+    """
+    first = group.start
+    locals_: Sequence[int] = (
+        range(envs.start - first, envs.stop - first)
+        if isinstance(envs, range)
+        else [i - first for i in envs]
+    )
+    if isinstance(op, CallOp):
+        return framed(Call(seq, locals_, op))
+    mode = op.mode.value
+    if not in_buffer:
+        return framed(
+            StepRequest(seq, locals_, mode, op.reset_first, op.actions, op.stream, op.timed)
+        )
+    if len(locals_) == len(group):
+        return LeanStep.frame(seq, mode, stream=True)
+    return framed(StepRequest(seq, locals_, mode, None, None, True))
+
+
+def framed(message: Any) -> bytes:
+    """``message`` pickled (cloudpickled if it must be: a lambda among call() arguments), framed."""
+    try:
+        return frame(pickle.dumps(message, PROTOCOL))
+    except Exception:
+        return frame(cloudpickle.dumps(message, PROTOCOL))
 
 
 def reap(links: list[Link], close_buffer: Any) -> None:

@@ -15,7 +15,10 @@ import mmap
 import os
 import tempfile
 
-from aiovec._core.layout import StepArrays, StepLayout
+from aiovec._core.layout import Filler, StepArrays, StepLayout
+from aiovec._errors import WorkerDiedError
+from aiovec.backends._messages import Attach, AttachReply
+from aiovec.backends._process.link import Link, framed
 
 __all__ = ("SharedBuffer",)
 
@@ -40,6 +43,25 @@ class SharedBuffer:
         self.layout = layout
         self.arrays = layout.arrays(self.map)
         return self.arrays
+
+    def share(self, layout: StepLayout, links: list[Link], last_seq: int) -> Filler | None:
+        """Size the file for ``layout``, map it here and in every worker; the actions' filler.
+
+        Construction has no loop: each worker's answer is waited for here.  The
+        `Attach` requests are numbered after ``last_seq``.
+        """
+        arrays = self.size(layout)
+        for k, link in enumerate(links, start=last_seq + 1):
+            try:
+                attached = link.ask_blocking(framed(Attach(k, layout)))
+            except (EOFError, OSError):
+                link.process.join(1.0)
+                died = link.death()
+                raise WorkerDiedError(dict.fromkeys(link.group, died), "setup") from died
+            assert isinstance(attached, AttachReply)
+            if attached.error is not None:
+                raise attached.error
+        return None if layout.actions is None else layout.actions.filler(arrays.actions)
 
     def close(self) -> None:
         """Drop this process's mapping and descriptor (workers drop theirs on exit)."""
