@@ -886,7 +886,7 @@ def test_ctrl_c_between_two_workers_requests_leaves_the_unwritten_one_out(
         with pytest.raises(KeyboardInterrupt):
             run()
         assert interrupted == [1]
-        assert backend.blocked.keys() <= {0}  # worker 0 got its request; worker 1 did not
+        assert backend.table.blocked.keys() <= {0}  # worker 0 got its request; worker 1 did not
         obs, _ = venv.reset(seed=2)
         assert obs.shape == (4, 4)
         assert backend.pids == pids  # neither worker replaced

@@ -60,7 +60,7 @@ import anyio
 from aiovec._core.calls import CLOSE
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.rows import Rows, StepBlock
-from aiovec._errors import EnvError, LostWithWorkerError, WorkerDiedError
+from aiovec._errors import EnvError, WorkerDiedError
 from aiovec._log import logger
 from aiovec.backends._base import Backend, EnvTraits, check_rebuilt_spaces
 from aiovec.backends._limit import Slots
@@ -69,9 +69,9 @@ from aiovec.backends._messages import (
     Failed,
     Outcome,
     Ready,
-    RebuildReply,
     StepReply,
 )
+from aiovec.backends._table import WorkTable
 
 __all__ = (
     "STUCK_GRACE",
@@ -205,38 +205,20 @@ class GroupedBackend(Backend):
         self.groups = groups
         self.owner = [w for w, group in enumerate(groups) for _ in group]
         self.all = range(self.num_envs)
-        self.waiting_on: list[Request | None] = [None] * self.num_envs
-        self.stuck: dict[int, Request] = {}  # env -> its abandoned request still running
-        self._lost: set[int] = set()  # envs whose worker died
-        self.asyncs = [False] * self.num_envs  # which envs are async (`note_ready`)
-        self.blocked: dict[int, str] = {}  # worker -> the abandoned sync call it runs
+        self.table = WorkTable(groups, self.INTERRUPTS, self._on_unblocked)
         self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
 
-    def note_rebuilt(self, w: int, reply: RebuildReply) -> dict[int, BaseException]:
-        """Worker ``w`` rebuilt envs in place: which are async now; the errors, by local index.
-
-        A factory may make a sync env one time and an async one the next.
-        """
-        first = self.groups[w].start
-        for j, is_async in (reply.asyncs or {}).items():
-            self.asyncs[first + j] = is_async
-        return reply.errors
-
-    def note_ready(self, w: int, body: Any) -> None:
-        """Worker ``w`` reported its envs (`Ready`): which of them are async."""
-        if isinstance(body, Ready) and body.asyncs:
-            group = self.groups[w]
-            self.asyncs[group.start : group.stop] = body.asyncs
-            self.blocked.pop(w, None)
+    def _on_unblocked(self) -> None:
+        waiter = self._unblocked
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     @property
     def lost(self) -> frozenset[int]:
         """Envs whose worker died or is blocked, until `rebuild` replaces it."""
-        if self.blocked:
+        if self.table.blocked:
             self.refresh()
-        if not self.blocked:
-            return frozenset(self._lost)
-        return frozenset(self._lost.union(*(self.groups[w] for w in self.blocked)))
+        return self.table.lost_envs()
 
     def refresh(self) -> None:
         """Take in, without waiting, the replies that have come (a transport may)."""
@@ -259,7 +241,8 @@ class GroupedBackend(Backend):
             self._launch_limited(indices, op, since)
             return
         self.pending.update(indices)
-        if indices == self.all and not self._lost and not self.blocked:  # every whole group
+        table = self.table
+        if indices == self.all and not table.lost and not table.blocked:  # every whole group
             if self.launch_whole(op, since):
                 return
             self._started[:] = [since] * self.num_envs
@@ -321,7 +304,7 @@ class GroupedBackend(Backend):
 
     def started_at(self, i: int) -> float | None:
         """As `Backend.started_at`; ``None`` too once env ``i`` is done, its result held back."""
-        request = self.waiting_on[i]
+        request = self.table.waiting_on[i]
         if request is not None and request.done and i in request.done:
             return None
         return super().started_at(i)
@@ -337,7 +320,7 @@ class GroupedBackend(Backend):
         """
         request = Request(worker, envs, since, name=op.name, seq=seq)
         if type(op) is StepOp and not op.stream:
-            asyncs = self.asyncs
+            asyncs = self.table.asyncs
             if isinstance(envs, range):
                 sync = False in asyncs[envs.start : envs.stop]
             else:
@@ -369,7 +352,7 @@ class GroupedBackend(Backend):
         Envs that are lost, or whose worker is blocked, fail at once.  A
         worker's whole group is named by its ``range`` (as in a whole step).
         """
-        owner, lost = self.owner, self._lost
+        owner, lost, blocked = self.owner, self.table.lost, self.table.blocked
         by_worker: dict[int, list[int]] = {}
         ordered = bool(indices) and all(map(operator.lt, indices, islice(indices, 1, None)))
         if ordered:
@@ -383,10 +366,10 @@ class GroupedBackend(Backend):
                 by_worker.setdefault(owner[i], []).append(k)
         for w, given in by_worker.items():
             positions = given
-            if ordered and not lost and len(given) == len(self.groups[w]) and w not in self.blocked:
+            if ordered and not lost and len(given) == len(self.groups[w]) and w not in blocked:
                 yield w, self.groups[w], positions  # its whole group, in order
                 continue
-            if w in self.blocked:
+            if w in blocked:
                 self.fail_blocked(w, [indices[k] for k in given])
                 continue
             if lost:
@@ -398,7 +381,7 @@ class GroupedBackend(Backend):
 
     def fail_lost(self, envs: Iterable[int]) -> None:
         """Fail those of ``envs`` that are lost, as their worker's death did."""
-        lost = [i for i in envs if i in self._lost]
+        lost = [i for i in envs if i in self.table.lost]
         if not lost:
             return
         died = ChildProcessError(
@@ -415,45 +398,10 @@ class GroupedBackend(Backend):
                 None,
                 TimeoutError(
                     f"env {i} cannot be reached: its {self.workers[w].describe()} still runs "
-                    f"{self.blocked[w]}, abandoned (a sync env cannot be interrupted); "
+                    f"{self.table.blocked[w]}, abandoned (a sync env cannot be interrupted); "
                     "reset() or on_error='restart' replaces the worker"
                 ),
             )
-
-    def wait_on(self, request: Request, envs: Sequence[int]) -> None:
-        """The envs ``envs`` now wait on ``request``."""
-        if isinstance(envs, range):
-            self.waiting_on[envs.start : envs.stop] = [request] * len(envs)
-        else:
-            for i in envs:
-                self.waiting_on[i] = request
-
-    def waiting(self, request: Request, envs: Sequence[int] | None = None) -> Sequence[int]:
-        """The envs of ``request`` (or those of it in ``envs``) still waiting on it; now none.
-
-        Envs of it that were cancelled are no longer stuck: the worker is done with them.
-        """
-        waiting_on = self.waiting_on
-        if envs is None:
-            envs = request.envs
-        else:
-            request.partial = True  # delivered in parts: look env by env from now on
-        if not request.partial:
-            if isinstance(envs, range):
-                waiting_on[envs.start : envs.stop] = [None] * len(envs)
-            else:
-                for i in envs:
-                    waiting_on[i] = None
-            return envs
-        waiting = []
-        for i in envs:
-            if waiting_on[i] is request:
-                waiting_on[i] = None
-                waiting.append(i)
-            elif self.stuck.get(i) is request:  # an abandoned call's late outcome: dropped
-                del self.stuck[i]
-                self._unblock(self.owner[i])
-        return waiting
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Abandon the calls in flight (of ``indices``, or all).
@@ -474,84 +422,18 @@ class GroupedBackend(Backend):
             self._abandon(targets)
 
     def _abandon(self, targets: list[int]) -> None:
-        interrupt: dict[int, list[int]] = {}
-        lost = self._block_workers(targets)
+        lost, interrupt = self.table.abandon(targets, self.workers)
         for i in targets:
-            if i in lost:
-                continue
-            request, self.waiting_on[i] = self.waiting_on[i], None
-            if request is not None and not (request.done and i in request.done):
-                self.stuck[i] = request
-                request.partial = True
-                w = self.owner[i]
-                if self.INTERRUPTS and self.asyncs[i]:
-                    interrupt.setdefault(w, []).append(i - self.groups[w].start)
-            self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
+            if i not in lost:
+                self._finish(i, None, asyncio.CancelledError(f"env {i}'s call was abandoned"))
         for i, error in lost.items():
             self._finish(i, None, error)
         for w, locals_ in interrupt.items():
             self.interrupt(self.workers[w], locals_)
 
-    def _block_workers(self, targets: list[int]) -> dict[int, BaseException]:
-        """Mark the workers that an abandoned sync call of ``targets`` blocks; the envs lost.
-
-        The blocking env of a worker is the first of its sync envs abandoned
-        in the order the worker runs them; every other env waiting on that
-        worker (not an async one, which the worker interrupts) is lost with
-        it: its call is abandoned too (its late outcome will be dropped), and
-        a result held back is dropped now.
-        """
-        blockers: dict[int, tuple[tuple[float, int], int, Request]] = {}
-        for i in targets:
-            request = self.waiting_on[i]
-            w = self.owner[i]
-            if (
-                request is None
-                or (request.done and i in request.done)
-                or (self.INTERRUPTS and self.asyncs[i])
-                or w in self.blocked
-            ):
-                continue
-            key = (request.since, request.envs.index(i))
-            if w not in blockers or key < blockers[w][0]:
-                blockers[w] = (key, i, request)
-        lost: dict[int, BaseException] = {}
-        for w, (_, b, request) in blockers.items():
-            worker = self.workers[w]
-            self.blocked[w] = f"the {request.name}() call of env {b}"
-            for i in self.groups[w]:
-                on = self.waiting_on[i]
-                if i == b or on is None or on.worker is not worker:
-                    continue
-                held = bool(on.done) and i in on.done
-                if not held and self.INTERRUPTS and self.asyncs[i]:
-                    continue
-                self.waiting_on[i] = None
-                on.partial = True
-                if not held:
-                    self.stuck[i] = on
-                lost[i] = LostWithWorkerError(
-                    f"env {i} was lost with its worker, blocked by env {b}: the "
-                    f"{worker.describe()} still runs env {b}'s {request.name}() call, "
-                    "abandoned (a sync env cannot be interrupted); reset() or "
-                    "on_error='restart' replaces the worker",
-                    b,
-                )
-        return lost
-
     def interrupt(self, worker: Any, locals_: list[int]) -> None:
         """Cancel the calls in flight of the async envs ``locals_`` in ``worker``."""
         raise NotImplementedError  # only where INTERRUPTS
-
-    def _unblock(self, w: int) -> None:
-        """Worker ``w`` is no longer blocked if none of its sync envs is stuck."""
-        if w in self.blocked and not any(
-            i in self.stuck and not (self.INTERRUPTS and self.asyncs[i]) for i in self.groups[w]
-        ):
-            del self.blocked[w]
-            waiter = self._unblocked
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
 
     # -- replies -----------------------------------------------------------------------
 
@@ -568,7 +450,7 @@ class GroupedBackend(Backend):
 
     def deliver_calls(self, request: Request, outcomes: list[Outcome]) -> None:
         """A call's reply: each waiting env's outcome."""
-        waiting = set(self.waiting(request))
+        waiting = set(self.table.waiting(request))
         slots = self._slots
         with contextlib.nullcontext() if slots is None else slots.deferred():
             for i, (value, error) in zip(request.envs, outcomes, strict=True):
@@ -599,9 +481,10 @@ class GroupedBackend(Backend):
         self._deliver_part(request, reply)
 
     def _deliver_part(self, request: Request, reply: StepReply) -> None:
-        errors, infos, finals, odd, _, part = reply
+        errors, odd, part = reply.errors, reply.odd, reply.envs
         first = request.worker.group.start
-        waiting = self.waiting(request, None if part is None else [first + j for j in part])
+        envs = None if part is None else [first + j for j in part]
+        waiting = self.table.waiting(request, envs)
         if errors or odd or request.partial:
             waiting_set = set(waiting)
             for j, error in errors.items():
@@ -616,8 +499,8 @@ class GroupedBackend(Backend):
         block = StepBlock(
             self.step_rows(request, waiting, reply),
             self.step_arrays(),
-            {first + j: info for j, info in infos.items()},
-            {first + j: final for j, final in finals.items()},
+            {first + j: info for j, info in reply.infos.items()},
+            {first + j: final for j, final in reply.finals.items()},
         )
         self._finish_block(block, request.since)
 
@@ -633,11 +516,7 @@ class GroupedBackend(Backend):
 
     def lose(self, worker: Any, cause: ChildProcessError) -> None:
         """``worker`` died (``cause`` says how): lose its envs, fail those in flight."""
-        group = worker.group
-        self._lost.update(group)
-        for i in group:
-            self.stuck.pop(i, None)
-        self._unblock(self.owner[group.start])
+        self.table.lose(worker.group)
         self.fail_waiting(worker, cause)
 
     def fail_waiting(self, worker: Any, cause: ChildProcessError) -> None:
@@ -646,40 +525,17 @@ class GroupedBackend(Backend):
         Results it held back are delivered first: those envs finished before
         it died (they are lost with it, and their next call says so).
         """
-        waiting_on = self.waiting_on
-        holding = {
-            id(r): r
-            for i in worker.group
-            if (r := waiting_on[i]) is not None and r.held and r.worker is worker
-        }
-        for request in holding.values():
+        for request in self.table.holding(worker):
             held, request.held, request.done = request.held, None, set()
             for part in held or ():
                 self._deliver_part(request, part)
-        waiting = [
-            i for i in worker.group if (r := waiting_on[i]) is not None and r.worker is worker
-        ]
-        for i in waiting:
-            waiting_on[i] = None
+        waiting = self.table.take_waiting(worker)
         if waiting:
             error = WorkerDiedError(dict.fromkeys(waiting, cause), worker.describe())
             for i in waiting:
                 self._finish(i, None, error)
 
     # -- rebuilding ------------------------------------------------------------------
-
-    def healthy(self, w: int) -> bool:
-        """Whether worker ``w`` can rebuild envs itself (alive, not blocked or stuck).
-
-        A worker whose stuck envs are async only has cancelled their calls: it
-        rebuilds them once those have ended.  A new worker that replaced a dead
-        one rebuilds in place its envs still marked lost (not all of them: a
-        worker whose every env is lost is dead, or failed to build them).
-        """
-        group = self.groups[w]
-        if not self.workers[w].alive or w in self.blocked or self._lost.issuperset(group):
-            return False
-        return self.INTERRUPTS or not any(i in self.stuck for i in group)
 
     async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Rebuild envs in their worker; a dead or stuck worker is replaced by a new one."""
@@ -700,24 +556,25 @@ class GroupedBackend(Backend):
 
     async def _rebuild_group(self, w: int, envs: list[int]) -> dict[int, BaseException]:
         first = self.groups[w].start
-        if self.healthy(w):
+        table = self.table
+        if table.healthy(w, self.workers[w].alive):
             failed = await self.rebuild_in_place(w, [i - first for i in envs])
             if failed is not None:
-                self._lost.difference_update(i for i in envs if i - first not in failed)
+                table.lost.difference_update(i for i in envs if i - first not in failed)
                 return {first + j: error for j, error in failed.items()}
         logger.warning(
             "replacing the %s (envs %s): it died or is stuck in an abandoned call",
             self.workers[w].describe(),
             envs,
         )
-        if w in self.blocked:  # its other envs go with it: lost until rebuilt too
-            self._lost.update(self.groups[w])
+        if w in table.blocked:  # its other envs go with it: lost until rebuilt too
+            table.lost.update(self.groups[w])
         traits = await self.replace(w)
         want = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
         for i in envs:
             j = i - first
             check_rebuilt_spaces(i, (traits.observation_spaces[j], traits.action_spaces[j]), want)
-        self._lost.difference_update(envs)
+        table.lost.difference_update(envs)
         return {}
 
     @abc.abstractmethod
@@ -739,7 +596,7 @@ class GroupedBackend(Backend):
         """
         await self.drain()  # calls still in flight are abandoned now
         await self.settle(self.all)
-        for w, what in list(self.blocked.items()):
+        for w, what in list(self.table.blocked.items()):
             worker = self.workers[w]
             logger.warning(
                 "killing the %s: it still runs %s, abandoned; envs %s are not closed",
@@ -748,7 +605,7 @@ class GroupedBackend(Backend):
                 list(worker.group),
             )
             self.kill(w)
-        alive = [i for i in range(self.num_envs) if i not in self._lost]
+        alive = [i for i in range(self.num_envs) if i not in self.table.lost]
         return await self._close_envs(alive)
 
     async def settle(self, indices: Sequence[int]) -> None:
@@ -760,9 +617,10 @@ class GroupedBackend(Backend):
         """
         owners = {self.owner[i] for i in indices}
         deadline = time.perf_counter() + STUCK_GRACE
-        while not owners.isdisjoint(self.blocked) and (left := deadline - time.perf_counter()) > 0:
+        blocked = self.table.blocked
+        while not owners.isdisjoint(blocked) and (left := deadline - time.perf_counter()) > 0:
             self.refresh()
-            if owners.isdisjoint(self.blocked):
+            if owners.isdisjoint(blocked):
                 return
             self._unblocked = asyncio.get_running_loop().create_future()
             try:

@@ -145,7 +145,7 @@ class ProcessBackend(GroupedBackend):
     def _ready(self, w: int, body: Any) -> EnvTraits:
         """Worker ``w``'s traits, from its first word (``None``: it died first)."""
         traits = links.check_ready(self.workers[w], body, self._method)
-        self.note_ready(w, body)
+        self.table.note_ready(w, body)
         return traits
 
     def started(self) -> None:
@@ -267,7 +267,7 @@ class ProcessBackend(GroupedBackend):
         """
         self._try_post(request.worker, data)
         self._requests[seq] = request
-        self.wait_on(request, request.envs)
+        self.table.wait_on(request, request.envs)
 
     def _control(self, link: Link, kind: type[Rebuild | Attach], arg: Any) -> asyncio.Future[Any]:
         """Send a request that no env waits on; its reply resolves the future."""
@@ -419,7 +419,7 @@ class ProcessBackend(GroupedBackend):
             request = self._requests.get(seq)
             if request is not None:
                 group = link.group
-                self.wait_on(request, group)
+                self.table.wait_on(request, group)
                 self._started[group.start : group.stop] = [request.since] * len(group)
 
     def _awaited(self) -> Sequence[Link]:
@@ -449,7 +449,7 @@ class ProcessBackend(GroupedBackend):
 
     def refresh(self) -> None:
         """Take in the replies blocked workers have sent (their late outcomes), if any."""
-        for w in list(self.blocked):
+        for w in list(self.table.blocked):
             link = self.workers[w]
             if link.alive and (data := link.read()) is not None:
                 self._on_data(link, data)
@@ -465,7 +465,7 @@ class ProcessBackend(GroupedBackend):
     async def rebuild_in_place(self, w: int, locals_: list[int]) -> dict[int, BaseException]:
         """Rebuild envs ``locals_`` in worker ``w`` (if it dies meanwhile: raises)."""
         reply: RebuildReply = await self._control(self.workers[w], Rebuild, locals_)
-        return self.note_rebuilt(w, reply)
+        return self.table.note_rebuilt(w, reply)
 
     async def replace(self, w: int) -> EnvTraits:
         """Kill worker ``w`` (if it still runs) and start a new one for its group."""

@@ -534,7 +534,7 @@ class RayBackend(GroupedBackend):
         traits = ready_traits(reply)
         assert isinstance(reply, Ready)
         actor.node_id = reply.node_id
-        self.note_ready(self.workers.index(actor), reply)
+        self.table.note_ready(self.workers.index(actor), reply)
         return traits
 
     # -- running ops -------------------------------------------------------------------
@@ -552,7 +552,7 @@ class RayBackend(GroupedBackend):
                 )
                 parts = worker.handle.step_stream.options(num_returns="streaming").remote(message)
                 request = self.track(worker, envs, since, op, seq)
-                self.wait_on(request, envs)
+                self.table.wait_on(request, envs)
                 task = asyncio.get_running_loop().create_task(self._stream(request, parts))
                 self._streams.add(task)
                 task.add_done_callback(self._streams.discard)
@@ -568,7 +568,7 @@ class RayBackend(GroupedBackend):
             self.unsendable(envs, op, exc)
             return
         request = self.track(worker, envs, since, op, seq)
-        self.wait_on(request, envs)
+        self.table.wait_on(request, envs)
         future = _future(ref)
         future.add_done_callback(functools.partial(self._deliver, request))
 
@@ -578,7 +578,7 @@ class RayBackend(GroupedBackend):
             async for ref in parts:
                 self.deliver_step(request, await ref)
         except _RAISED as exc:  # the call itself failed
-            for i in self.waiting(request):
+            for i in self.table.waiting(request):
                 self._finish(i, None, exc)
         except _DEATHS as exc:
             self._on_death(request.worker, exc)
@@ -588,14 +588,14 @@ class RayBackend(GroupedBackend):
         try:
             reply = future.result()
         except _RAISED as exc:  # the call itself failed (e.g. a reply that did not serialise)
-            for i in self.waiting(request):
+            for i in self.table.waiting(request):
                 self._finish(i, None, exc)
             return
         except _DEATHS as exc:
             self._on_death(request.worker, exc)
             return
         except BaseException as exc:
-            for i in self.waiting(request):
+            for i in self.table.waiting(request):
                 self._finish(i, None, exc)
             return
         self.deliver(request, reply)
@@ -632,7 +632,7 @@ class RayBackend(GroupedBackend):
         first = worker.group.start
         by_request: dict[int, list[int]] = {}
         for j in locals_:
-            by_request.setdefault(self.stuck[first + j].seq, []).append(j)
+            by_request.setdefault(self.table.stuck[first + j].seq, []).append(j)
         for seq, cancelled in by_request.items():
             with contextlib.suppress(Exception):  # a dead actor: its death is seen apart
                 worker.handle.cancel.remote(seq, cancelled)
@@ -653,7 +653,7 @@ class RayBackend(GroupedBackend):
         except _DEATHS as exc:
             self._on_death(actor, exc)
             return None
-        return self.note_rebuilt(w, reply)
+        return self.table.note_rebuilt(w, reply)
 
     async def replace(self, w: int) -> EnvTraits:
         """Kill actor ``w`` (if it still runs) and start a new one for its group."""
@@ -692,7 +692,7 @@ class RayBackend(GroupedBackend):
     def _give_back(self, pool: ActorPool, errors: Mapping[int, BaseException]) -> None:
         """Give the pool every live actor whose envs all closed cleanly (the rest are killed)."""
         for actor in self.workers:
-            clean = not any(i in errors or i in self.stuck for i in actor.group)
+            clean = not any(i in errors or i in self.table.stuck for i in actor.group)
             if actor.alive and clean:
                 actor.alive = False  # not the finalizer's to kill any more
                 pool.give(self._options, actor.handle, actor.node_id)
