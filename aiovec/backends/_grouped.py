@@ -48,17 +48,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import operator
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import islice
 from typing import Any, ClassVar
 
 import anyio
 
 from aiovec._core.calls import CLOSE
-from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._core.ops import CallOp, Op
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import EnvError, WorkerDiedError
 from aiovec._log import logger
@@ -71,12 +68,11 @@ from aiovec.backends._messages import (
     Ready,
     StepReply,
 )
-from aiovec.backends._table import WorkTable
+from aiovec.backends._table import Request, WorkTable
 
 __all__ = (
     "STUCK_GRACE",
     "GroupedBackend",
-    "Request",
     "close_op",
     "join_traits",
     "ready_traits",
@@ -118,35 +114,6 @@ def join_traits(parts: Sequence[EnvTraits]) -> EnvTraits:
 def close_op(count: int) -> CallOp:
     """The op that closes ``count`` envs."""
     return CallOp([CLOSE] * count, "close")
-
-
-class Request:
-    """A request in flight: its worker, its envs, its call, when it started; or a control future.
-
-    A whole step that a sync env may block (`GroupedBackend.track`) *holds*
-    the parts its worker publishes early (``held``; their envs in ``done``)
-    until its last part: should the worker be blocked before then, its
-    finished envs are lost with it.
-    """
-
-    __slots__ = ("done", "envs", "future", "held", "name", "partial", "seq", "since", "worker")
-
-    def __init__(
-        self,
-        worker: Any,
-        envs: Sequence[int],
-        since: float,
-        future: asyncio.Future[Any] | None = None,
-        name: str = "step",
-        *,
-        seq: int = 0,
-    ) -> None:
-        self.worker, self.envs, self.since, self.future = worker, envs, since, future
-        self.name = name
-        self.seq = seq  # its number, where the worker needs it (a Ray actor's cancel)
-        self.partial = False  # some of its envs were cancelled, or delivered apart
-        self.held: list[StepReply] | None = None  # parts held back (None: delivered as they come)
-        self.done: set[int] = set()  # the envs of the held parts
 
 
 class GroupedBackend(Backend):
@@ -255,25 +222,17 @@ class GroupedBackend(Backend):
             self.request(self.workers[w], envs, self.part_of(op, positions), since)
 
     def _launch_limited(self, indices: Sequence[int], op: Op, since: float) -> None:
-        """Ask a slot for each env of ``indices``; those that get one are sent at once.
+        """Ask a slot for each env of ``indices`` (`WorkTable.turns`); those given one go now.
 
-        Slots go to the workers in turn (the first env of each, then the
-        second, ...), so that K slots keep up to K workers busy.  An env that
-        must wait is queued (`Backend._queue`): its clock starts with its slot.
+        An env that must wait is queued (`Backend._queue`): its clock starts with its slot.
         """
         assert self._slots is not None
         self.pending.update(indices)
-        ops, started, owner = self._ops, self._started, self.owner
-        turn: dict[int, int] = {}
-        order = []
+        ops, started = self._ops, self._started
         for k, i in enumerate(indices):
             started[i] = since
             ops[i] = (op, k)
-            w = owner[i]
-            n = turn[w] = turn.get(w, -1) + 1
-            order.append((n, w, i))
-        order.sort()
-        self._slots.request([i for _, _, i in order])
+        self._slots.request(self.table.turns(indices))
 
     def _dispatch(self, envs: list[int]) -> None:
         """Send the calls of ``envs``, which got their slots together: a request per worker."""
@@ -309,26 +268,6 @@ class GroupedBackend(Backend):
             return None
         return super().started_at(i)
 
-    def track(
-        self, worker: Any, envs: Sequence[int], since: float, op: Op, seq: int = 0
-    ) -> Request:
-        """A new request of ``op`` for ``envs`` on ``worker``; a whole step with a sync env holds.
-
-        Its finished envs' results are held back until its last part
-        (`deliver_step`): a sync env may yet block their worker, which would
-        then be replaced, with them.
-        """
-        request = Request(worker, envs, since, name=op.name, seq=seq)
-        if type(op) is StepOp and not op.stream:
-            asyncs = self.table.asyncs
-            if isinstance(envs, range):
-                sync = False in asyncs[envs.start : envs.stop]
-            else:
-                sync = not all(asyncs[i] for i in envs)
-            if sync:
-                request.held = []
-        return request
-
     def part_of(self, op: Op, positions: list[int]) -> Op:
         """The part of ``op`` for its envs at ``positions`` (a transport may need less)."""
         return op.subset(positions)
@@ -346,62 +285,23 @@ class GroupedBackend(Backend):
         for i in envs:
             self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {error}"))
 
-    def parts(self, indices: Sequence[int]) -> Iterable[tuple[int, Sequence[int], list[int]]]:
-        """Each worker's part of a call: ``(w, envs, positions in indices)``.
+    def parts(self, indices: Sequence[int]) -> list[tuple[int, Sequence[int], list[int]]]:
+        """Each worker's part of a call (`WorkTable.parts`); unreachable envs fail now."""
+        sends, blocked, lost = self.table.parts(indices)
+        for w, envs in blocked.items():
+            self.fail_blocked(w, envs)
+        if lost:
+            self.fail_lost(lost)
+        return sends
 
-        Envs that are lost, or whose worker is blocked, fail at once.  A
-        worker's whole group is named by its ``range`` (as in a whole step).
-        """
-        owner, lost, blocked = self.owner, self.table.lost, self.table.blocked
-        by_worker: dict[int, list[int]] = {}
-        ordered = bool(indices) and all(map(operator.lt, indices, islice(indices, 1, None)))
-        if ordered:
-            for w in range(owner[indices[0]], owner[indices[-1]] + 1):
-                group = self.groups[w]  # its envs in indices: those at lo..hi
-                lo, hi = bisect_left(indices, group.start), bisect_left(indices, group.stop)
-                if hi > lo:
-                    by_worker[w] = list(range(lo, hi))
-        else:
-            for k, i in enumerate(indices):
-                by_worker.setdefault(owner[i], []).append(k)
-        for w, given in by_worker.items():
-            positions = given
-            if ordered and not lost and len(given) == len(self.groups[w]) and w not in blocked:
-                yield w, self.groups[w], positions  # its whole group, in order
-                continue
-            if w in blocked:
-                self.fail_blocked(w, [indices[k] for k in given])
-                continue
-            if lost:
-                self.fail_lost(indices[k] for k in given)
-                positions = [k for k in given if indices[k] not in lost]
-                if not positions:
-                    continue
-            yield w, [indices[k] for k in positions], positions
-
-    def fail_lost(self, envs: Iterable[int]) -> None:
-        """Fail those of ``envs`` that are lost, as their worker's death did."""
-        lost = [i for i in envs if i in self.table.lost]
-        if not lost:
-            return
-        died = ChildProcessError(
-            f"the worker hosting env(s) {lost} died (or was replaced); their envs are gone "
-            "(reset() or on_error='restart' rebuilds them on a new worker)"
-        )
-        self._fail_gone(lost, died)
+    def fail_lost(self, lost: list[int]) -> None:
+        """Fail ``lost`` (envs that are lost), as their worker's death did."""
+        self._fail_gone(lost, self.table.lost_error(lost))
 
     def fail_blocked(self, w: int, envs: Sequence[int]) -> None:
         """Fail ``envs`` at once: their worker ``w`` still runs an abandoned sync call."""
         for i in envs:
-            self._finish(
-                i,
-                None,
-                TimeoutError(
-                    f"env {i} cannot be reached: its {self.workers[w].describe()} still runs "
-                    f"{self.table.blocked[w]}, abandoned (a sync env cannot be interrupted); "
-                    "reset() or on_error='restart' replaces the worker"
-                ),
-            )
+            self._finish(i, None, self.table.blocked_error(i, self.workers[w]))
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Abandon the calls in flight (of ``indices``, or all).

@@ -20,13 +20,46 @@ backend acts on the answers.
 
 from __future__ import annotations
 
+import operator
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Any
 
+from aiovec._core.ops import Op, StepOp
 from aiovec._errors import LostWithWorkerError
 from aiovec.backends._messages import Ready, RebuildReply
 
-__all__ = ("WorkTable",)
+__all__ = ("Request", "WorkTable")
+
+
+class Request:
+    """A request in flight: its worker, its envs, its call, when it started; or a control future.
+
+    A whole step that a sync env may block (`WorkTable.track`) *holds*
+    the parts its worker publishes early (``held``; their envs in ``done``)
+    until its last part: should the worker be blocked before then, its
+    finished envs are lost with it.
+    """
+
+    __slots__ = ("done", "envs", "future", "held", "name", "partial", "seq", "since", "worker")
+
+    def __init__(
+        self,
+        worker: Any,
+        envs: Sequence[int],
+        since: float,
+        future: Any = None,
+        name: str = "step",
+        *,
+        seq: int = 0,
+    ) -> None:
+        self.worker, self.envs, self.since, self.future = worker, envs, since, future
+        self.name = name
+        self.seq = seq  # its number, where the worker needs it (a Ray actor's cancel)
+        self.partial = False  # some of its envs were cancelled, or delivered apart
+        self.held: list[Any] | None = None  # parts held back (None: delivered as they come)
+        self.done: set[int] = set()  # the envs of the held parts
 
 
 class WorkTable:
@@ -50,6 +83,7 @@ class WorkTable:
         self.lost: set[int] = set()  # envs whose worker died
         self.asyncs = [False] * num_envs  # which envs are async (`note_ready`)
         self.blocked: dict[int, str] = {}  # worker -> the abandoned sync call it runs
+        self.requests: dict[int, Request] = {}  # by number, where a transport numbers them
         self._on_unblocked = on_unblocked
 
     # -- what workers report -----------------------------------------------------------
@@ -74,6 +108,95 @@ class WorkTable:
     def cancellable(self, i: int) -> bool:
         """Whether env ``i``'s call can be cancelled in its worker (an async env's, if so)."""
         return self.interrupts and self.asyncs[i]
+
+    # -- calls -------------------------------------------------------------------------
+
+    def parts(
+        self, indices: Sequence[int]
+    ) -> tuple[list[tuple[int, Sequence[int], list[int]]], dict[int, list[int]], list[int]]:
+        """Split a call on ``indices`` by worker: what to send, and who cannot be reached.
+
+        Returns each worker's part ``(w, envs, positions in indices)`` (a whole
+        group, in order, is named by its ``range``), the envs of each blocked
+        worker, and the envs that are lost.
+        """
+        owner, lost, blocked, groups = self.owner, self.lost, self.blocked, self.groups
+        by_worker: dict[int, list[int]] = {}
+        ordered = bool(indices) and all(map(operator.lt, indices, islice(indices, 1, None)))
+        if ordered:
+            for w in range(owner[indices[0]], owner[indices[-1]] + 1):
+                group = groups[w]  # its envs in indices: those at lo..hi
+                lo, hi = bisect_left(indices, group.start), bisect_left(indices, group.stop)
+                if hi > lo:
+                    by_worker[w] = list(range(lo, hi))
+        else:
+            for k, i in enumerate(indices):
+                by_worker.setdefault(owner[i], []).append(k)
+        sends: list[tuple[int, Sequence[int], list[int]]] = []
+        unreachable: dict[int, list[int]] = {}
+        gone: list[int] = []
+        for w, given in by_worker.items():
+            if ordered and not lost and len(given) == len(groups[w]) and w not in blocked:
+                sends.append((w, groups[w], given))  # its whole group, in order
+            elif w in blocked:
+                unreachable[w] = [indices[k] for k in given]
+            else:
+                positions = given
+                if lost:
+                    gone.extend(indices[k] for k in given if indices[k] in lost)
+                    positions = [k for k in given if indices[k] not in lost]
+                if positions:
+                    sends.append((w, [indices[k] for k in positions], positions))
+        return sends, unreachable, gone
+
+    def track(
+        self, worker: Any, envs: Sequence[int], since: float, op: Op, seq: int = 0
+    ) -> Request:
+        """A new request of ``op`` for ``envs`` on ``worker``; a whole step with a sync env holds.
+
+        Its finished envs' results are held back until its last part
+        (`GroupedBackend.deliver_step`): a sync env may yet block their worker,
+        which would then be replaced, with them.
+        """
+        request = Request(worker, envs, since, name=op.name, seq=seq)
+        if type(op) is StepOp and not op.stream:
+            asyncs = self.asyncs
+            if isinstance(envs, range):
+                sync = False in asyncs[envs.start : envs.stop]
+            else:
+                sync = not all(asyncs[i] for i in envs)
+            if sync:
+                request.held = []
+        return request
+
+    def lost_error(self, lost: list[int]) -> ChildProcessError:
+        """Why a call on the ``lost`` envs fails: their worker died (or was replaced)."""
+        return ChildProcessError(
+            f"the worker hosting env(s) {lost} died (or was replaced); their envs are gone "
+            "(reset() or on_error='restart' rebuilds them on a new worker)"
+        )
+
+    def blocked_error(self, i: int, worker: Any) -> TimeoutError:
+        """Why a call on env ``i`` fails: its blocked ``worker`` still runs an abandoned call."""
+        return TimeoutError(
+            f"env {i} cannot be reached: its {worker.describe()} still runs "
+            f"{self.blocked[self.owner[i]]}, abandoned (a sync env cannot be interrupted); "
+            "reset() or on_error='restart' replaces the worker"
+        )
+
+    def turns(self, indices: Sequence[int]) -> list[int]:
+        """``indices`` in the order slots go to them: each worker's first env, then second, ...
+
+        So K ``max_concurrency`` slots keep up to K workers busy.
+        """
+        turn: dict[int, int] = {}
+        order = []
+        for i in indices:
+            w = self.owner[i]
+            n = turn[w] = turn.get(w, -1) + 1
+            order.append((n, w, i))
+        order.sort()
+        return [i for _, _, i in order]
 
     # -- requests in flight ------------------------------------------------------------
 
@@ -111,6 +234,13 @@ class WorkTable:
                 del self.stuck[i]
                 self.unblock(self.owner[i])
         return waiting
+
+    def forget(self, worker: Any) -> list[Request]:
+        """The numbered requests of ``worker`` (it died), forgotten here."""
+        gone = [(seq, r) for seq, r in self.requests.items() if r.worker is worker]
+        for seq, _ in gone:
+            del self.requests[seq]
+        return [r for _, r in gone]
 
     def holding(self, worker: Any) -> list[Any]:
         """The requests in flight on ``worker`` that hold results back (`Request.held`)."""

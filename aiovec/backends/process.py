@@ -54,7 +54,7 @@ from aiovec._core.ops import Op, StepOp
 from aiovec._core.rows import StepBlock
 from aiovec.backends import _worker
 from aiovec.backends._base import EnvTraits
-from aiovec.backends._grouped import GroupedBackend, Request, close_op
+from aiovec.backends._grouped import GroupedBackend, close_op
 from aiovec.backends._messages import (
     CLEAN_STEP,
     LEAN,
@@ -74,6 +74,7 @@ from aiovec.backends._process.lean import LeanSteps
 from aiovec.backends._process.link import Link, framed
 from aiovec.backends._process.reactor import Reactor, loop_parked
 from aiovec.backends._process.shared import SharedBuffer
+from aiovec.backends._table import Request
 
 __all__ = ("START_METHOD", "ProcessBackend")
 
@@ -114,7 +115,6 @@ class ProcessBackend(GroupedBackend):
             self._ctx.set_forkserver_preload([_worker.__name__])
         self._usable = validate.usable_cpus()
         self._seq = 0
-        self._requests: dict[int, Request] = {}
         self._lean = LeanSteps()
         self._reactor = Reactor(self.workers, self._on_data, self._on_exit)
         self._buffer = SharedBuffer()
@@ -213,7 +213,7 @@ class ProcessBackend(GroupedBackend):
         self._seq += len(out)
         for link, seq, data, clean in out:  # each in flight once written (see `_written`)
             self._try_post(link, data)  # a broken pipe: its sentinel tells the wait
-            self._requests[seq] = self.track(link, link.group, since, op)
+            self.table.requests[seq] = self.table.track(link, link.group, since, op)
             self._lean.inflight.append((link, seq, clean))
         if not loop_parked():  # the loop delivers each reply: no lean wait
             self._settle_lean()
@@ -253,7 +253,7 @@ class ProcessBackend(GroupedBackend):
         except Exception as exc:
             self.unsendable(envs, op, exc)
             return
-        self._written(self._seq, self.track(worker, envs, since, op), data)
+        self._written(self._seq, self.table.track(worker, envs, since, op), data)
 
     def _written(self, seq: int, request: Request, data: bytes) -> None:
         """Write request ``seq`` (framed ``data``); only then is it in flight, its envs waiting.
@@ -266,7 +266,7 @@ class ProcessBackend(GroupedBackend):
         broken, the worker's sentinel tells whichever waits next (`_on_exit`).
         """
         self._try_post(request.worker, data)
-        self._requests[seq] = request
+        self.table.requests[seq] = request
         self.table.wait_on(request, request.envs)
 
     def _control(self, link: Link, kind: type[Rebuild | Attach], arg: Any) -> asyncio.Future[Any]:
@@ -310,7 +310,7 @@ class ProcessBackend(GroupedBackend):
     def _receive(self, link: Link, payload: bytes) -> None:
         """One reply: to a step, a call, or a control request (a future), by its ``seq``."""
         if payload[0] == LEAN:  # a step whose every result is in the buffer
-            request = self._requests.pop(LeanReply.parse(payload).seq, None)
+            request = self.table.requests.pop(LeanReply.parse(payload).seq, None)
             if request is not None:
                 self.deliver_step(request, CLEAN_STEP)
             return
@@ -321,9 +321,9 @@ class ProcessBackend(GroupedBackend):
                 link.ready.set_result(body)
             return
         if type(body) is StepReply and body.envs is not None:  # a part: more to come
-            request = self._requests.get(message.seq)
+            request = self.table.requests.get(message.seq)
         else:
-            request = self._requests.pop(message.seq, None)
+            request = self.table.requests.pop(message.seq, None)
         if request is not None:  # else a reply to a request abandoned with its worker
             self.deliver(request, body)
 
@@ -345,11 +345,9 @@ class ProcessBackend(GroupedBackend):
         link.close_pipes()
         link.process.join(1.0)  # its sentinel is ready: this reaps it at once
         died = killed if killed is not None else link.death()
-        for seq, request in list(self._requests.items()):
-            if request.worker is link:
-                del self._requests[seq]
-                if request.future is not None and not request.future.done():
-                    request.future.set_exception(died)
+        for request in self.table.forget(link):
+            if request.future is not None and not request.future.done():
+                request.future.set_exception(died)
         self.lose(link, died)
         for waiter in (link.ready, link.exited):
             if waiter is not None and not waiter.done():
@@ -394,7 +392,7 @@ class ProcessBackend(GroupedBackend):
         done: list[tuple[int, Request]] = []
         news = None
         try:
-            news = self._lean.wait(self._requests, self._reactor, deadline, done)
+            news = self._lean.wait(self.table.requests, self._reactor, deadline, done)
         finally:
             self._deliver_clean(done)
             self._settle_lean()  # the rest, if any, waits in the general way
@@ -404,7 +402,7 @@ class ProcessBackend(GroupedBackend):
     def _deliver_clean(self, done: list[tuple[int, Request]]) -> None:
         """Deliver requests whose every env's result is in the buffer (`_collect_lean`)."""
         for seq, _ in done:
-            del self._requests[seq]
+            del self.table.requests[seq]
         if len(done) < len(self.workers):
             for _, request in done:
                 self.deliver_step(request, CLEAN_STEP)
@@ -415,12 +413,7 @@ class ProcessBackend(GroupedBackend):
 
     def _settle_lean(self) -> None:
         """Write the per-env state of the lean requests still in flight (see `_lean_step`)."""
-        for link, seq, _ in self._lean.take():
-            request = self._requests.get(seq)
-            if request is not None:
-                group = link.group
-                self.table.wait_on(request, group)
-                self._started[group.start : group.stop] = [request.since] * len(group)
+        self._lean.settle(self.table, self._started)
 
     def _awaited(self) -> Sequence[Link]:
         """The workers whose replies a blocking wait listens to.
@@ -433,11 +426,11 @@ class ProcessBackend(GroupedBackend):
         while that worker still steps its envs.
         """
         if (
-            self._requests
+            self.table.requests
             and self._slots is None
             and self._wanted >= (len(self.pending) + len(self._results) + len(self._errors))
         ):
-            request = self._requests[next(reversed(self._requests))]
+            request = self.table.requests[next(reversed(self.table.requests))]
             if request.future is None and not request.partial and request.worker.alive:
                 return (request.worker,)
         return self.workers

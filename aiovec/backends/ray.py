@@ -19,7 +19,7 @@ a cancel that overtakes its call is kept until the call starts.  A whole step
 or a call is answered once, for all its envs; a streamed step (``send()``),
 and a whole step under a ``step_timeout``, in parts, as they end (a whole
 step's parent holds its sync envs' parts until the last: see
-`GroupedBackend.track`), so that a deadline blames the env that did not answer
+`WorkTable.track`), so that a deadline blames the env that did not answer
 and keeps the results of those that did.
 
 ``launch`` makes one remote call per actor hosting some of the envs, and turns
@@ -67,12 +67,7 @@ from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._errors import WorkerDiedError
 from aiovec.backends import _drive as drive
 from aiovec.backends._base import EnvTraits
-from aiovec.backends._grouped import (
-    GroupedBackend,
-    Request,
-    close_op,
-    ready_traits,
-)
+from aiovec.backends._grouped import GroupedBackend, close_op, ready_traits
 from aiovec.backends._messages import (
     CallReply,
     Failed,
@@ -81,6 +76,7 @@ from aiovec.backends._messages import (
     StepReply,
     StepRequest,
 )
+from aiovec.backends._table import Request
 from aiovec.backends._worker import Group, GroupFlow, _BuildFailed, build_flow, gather_outcomes
 
 __all__ = ("ACTOR_OPTIONS", "ActorPool", "RayBackend")
@@ -551,7 +547,7 @@ class RayBackend(GroupedBackend):
                     seq, locals_, op.mode.value, list(op.reset_first), list(op.actions), True
                 )
                 parts = worker.handle.step_stream.options(num_returns="streaming").remote(message)
-                request = self.track(worker, envs, since, op, seq)
+                request = self.table.track(worker, envs, since, op, seq)
                 self.table.wait_on(request, envs)
                 task = asyncio.get_running_loop().create_task(self._stream(request, parts))
                 self._streams.add(task)
@@ -567,7 +563,7 @@ class RayBackend(GroupedBackend):
         except Exception as exc:  # e.g. an argument that cannot be serialised
             self.unsendable(envs, op, exc)
             return
-        request = self.track(worker, envs, since, op, seq)
+        request = self.table.track(worker, envs, since, op, seq)
         self.table.wait_on(request, envs)
         future = _future(ref)
         future.add_done_callback(functools.partial(self._deliver, request))

@@ -18,6 +18,7 @@ from typing import Any
 from aiovec.backends._messages import LeanReply, LeanStep
 from aiovec.backends._process.link import Link
 from aiovec.backends._process.reactor import Reactor
+from aiovec.backends._table import WorkTable
 
 __all__ = ("LeanSteps",)
 
@@ -53,6 +54,19 @@ class LeanSteps:
         """The requests in flight, forgotten here (they go on in the general way)."""
         inflight, self.inflight = self.inflight, []
         return inflight
+
+    def settle(self, table: WorkTable, started: list[float]) -> None:
+        """Forget the requests in flight here: their envs wait on them in ``table`` now.
+
+        Each env's state (its request, when it started) is written only when a
+        lean step is not delivered whole by `wait`.
+        """
+        for link, seq, _ in self.take():
+            request = table.requests.get(seq)
+            if request is not None:
+                group = link.group
+                table.wait_on(request, group)
+                started[group.start : group.stop] = [request.since] * len(group)
 
     def wait(
         self,
