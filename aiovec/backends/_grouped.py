@@ -73,6 +73,7 @@ from aiovec.backends._table import Request, WorkTable
 __all__ = (
     "STUCK_GRACE",
     "GroupedBackend",
+    "check_replaced",
     "close_op",
     "join_traits",
     "ready_traits",
@@ -114,6 +115,14 @@ def join_traits(parts: Sequence[EnvTraits]) -> EnvTraits:
 def close_op(count: int) -> CallOp:
     """The op that closes ``count`` envs."""
     return CallOp([CLOSE] * count, "close")
+
+
+def check_replaced(envs: list[int], first: int, got: EnvTraits, traits: EnvTraits) -> None:
+    """The envs ``envs`` of a new worker (its group starts at ``first``) have the spaces."""
+    want = (traits.observation_spaces[0], traits.action_spaces[0])
+    for i in envs:
+        j = i - first
+        check_rebuilt_spaces(i, (got.observation_spaces[j], got.action_spaces[j]), want)
 
 
 class GroupedBackend(Backend):
@@ -169,10 +178,9 @@ class GroupedBackend(Backend):
 
     def set_groups(self, groups: list[range]) -> None:
         """Host ``groups[w]`` on worker ``w``."""
-        self.groups = groups
-        self.owner = [w for w, group in enumerate(groups) for _ in group]
-        self.all = range(self.num_envs)
+        self.groups, self.all = groups, range(self.num_envs)
         self.table = WorkTable(groups, self.INTERRUPTS, self._on_unblocked)
+        self.owner = self.table.owner
         self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
 
     def _on_unblocked(self) -> None:
@@ -361,24 +369,18 @@ class GroupedBackend(Backend):
         """A step's reply: errors and odd transitions one by one, the rest as one block.
 
         A part of a streamed request (``reply.envs``) delivers only its envs;
-        one of a request that holds (`track`) waits for the request's last part.
+        one of a request that holds (`WorkTable.unhold`) waits for its last part.
         """
-        held = request.held
-        if held is not None:
-            if reply.envs is not None:
-                held.append(reply)
-                first = request.worker.group.start
-                request.done.update(first + j for j in reply.envs)
-                return
-            request.held = None
-            request.done = set()
-            slots = self._slots
-            if held or slots is not None:
-                with contextlib.nullcontext() if slots is None else slots.deferred():
-                    for part in (*held, reply):
-                        self._deliver_part(request, part)
-                return
-        self._deliver_part(request, reply)
+        parts = self.table.unhold(request, reply)
+        slots = self._slots
+        if parts and (len(parts) > 1 or slots is not None):
+            with contextlib.nullcontext() if slots is None else slots.deferred():
+                for part in parts:
+                    self._deliver_part(request, part)
+        elif parts is None:
+            self._deliver_part(request, reply)
+        elif parts:
+            self._deliver_part(request, parts[0])
 
     def _deliver_part(self, request: Request, reply: StepReply) -> None:
         errors, odd, part = reply.errors, reply.odd, reply.envs
@@ -439,9 +441,7 @@ class GroupedBackend(Backend):
 
     async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Rebuild envs in their worker; a dead or stuck worker is replaced by a new one."""
-        by_worker: dict[int, list[int]] = {}
-        for i in indices:
-            by_worker.setdefault(self.owner[i], []).append(i)
+        by_worker = self.table.by_owner(indices)
         calls = [self._rebuild_group(w, envs) for w, envs in by_worker.items()]
         errors: dict[int, BaseException] = {}
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
@@ -469,11 +469,7 @@ class GroupedBackend(Backend):
         )
         if w in table.blocked:  # its other envs go with it: lost until rebuilt too
             table.lost.update(self.groups[w])
-        traits = await self.replace(w)
-        want = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
-        for i in envs:
-            j = i - first
-            check_rebuilt_spaces(i, (traits.observation_spaces[j], traits.action_spaces[j]), want)
+        check_replaced(envs, first, await self.replace(w), self.traits)
         table.lost.difference_update(envs)
         return {}
 
@@ -498,12 +494,8 @@ class GroupedBackend(Backend):
         await self.settle(self.all)
         for w, what in list(self.table.blocked.items()):
             worker = self.workers[w]
-            logger.warning(
-                "killing the %s: it still runs %s, abandoned; envs %s are not closed",
-                worker.describe(),
-                what,
-                list(worker.group),
-            )
+            text = "killing the %s: it still runs %s, abandoned; envs %s are not closed"
+            logger.warning(text, worker.describe(), what, list(worker.group))
             self.kill(w)
         alive = [i for i in range(self.num_envs) if i not in self.table.lost]
         return await self._close_envs(alive)

@@ -184,6 +184,13 @@ class WorkTable:
             "reset() or on_error='restart' replaces the worker"
         )
 
+    def by_owner(self, indices: Sequence[int]) -> dict[int, list[int]]:
+        """``indices`` by the worker hosting them."""
+        by_worker: dict[int, list[int]] = {}
+        for i in indices:
+            by_worker.setdefault(self.owner[i], []).append(i)
+        return by_worker
+
     def turns(self, indices: Sequence[int]) -> list[int]:
         """``indices`` in the order slots go to them: each worker's first env, then second, ...
 
@@ -234,6 +241,34 @@ class WorkTable:
                 del self.stuck[i]
                 self.unblock(self.owner[i])
         return waiting
+
+    def newest(self) -> Any:
+        """The worker of the newest numbered request, if it is a plain one still whole."""
+        requests = self.requests
+        if requests:
+            request = requests[next(reversed(requests))]
+            if request.future is None and not request.partial and request.worker.alive:
+                return request.worker
+        return None
+
+    def unhold(self, request: Request, reply: Any) -> list[Any] | None:
+        """The parts of ``request`` to deliver now that ``reply`` (a `StepReply`) came.
+
+        ``None``: the request does not hold; deliver ``reply`` as it is.  A
+        request that holds keeps each part but its last (recording its envs as
+        done), then gives back every part.
+        """
+        held = request.held
+        if held is None:
+            return None
+        if reply.envs is not None:
+            held.append(reply)
+            first = request.worker.group.start
+            request.done.update(first + j for j in reply.envs)
+            return []
+        request.held = None
+        request.done = set()
+        return [*held, reply]
 
     def forget(self, worker: Any) -> list[Request]:
         """The numbered requests of ``worker`` (it died), forgotten here."""

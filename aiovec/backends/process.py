@@ -49,7 +49,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 from aiovec._core import validate
-from aiovec._core.layout import Filler, StepArrays, StepLayout
+from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import Op, StepOp
 from aiovec._core.rows import StepBlock
 from aiovec.backends import _worker
@@ -120,7 +120,6 @@ class ProcessBackend(GroupedBackend):
         self._buffer = SharedBuffer()
         self._in_buffer = False  # the step being launched is in the buffer already
         self._shared: SharedBuffer | None = None  # the buffer, once it is in use
-        self._fill_actions: Filler | None = None  # actions into the buffer
         self._finalizer = weakref.finalize(self, links.reap, self.workers, self._buffer.close)
         return num_workers or len(self._usable)
 
@@ -154,7 +153,7 @@ class ProcessBackend(GroupedBackend):
         layout = StepLayout.of(traits.observation_spaces[0], traits.action_spaces[0], self.num_envs)
         if layout is not None:
             self._shared = self._buffer
-            self._fill_actions = self._buffer.share(layout, self.workers, self._seq)
+            self._buffer.share(layout, self.workers, self._seq)
             self._seq += len(self.workers)
         for link in self.workers:
             os.set_blocking(link.reply_fd, False)
@@ -192,10 +191,7 @@ class ProcessBackend(GroupedBackend):
 
     def launch_whole(self, op: Op, since: float) -> bool:
         """A whole step whose actions fit the buffer is a lean step (`_lean_step`)."""
-        fill = self._fill_actions
-        if fill is None or type(op) is not StepOp or op.batch is None or op.stream:
-            return False
-        if not fill(op.batch):
+        if type(op) is not StepOp or op.stream or not self._buffer.put_step(op):
             return False
         self._lean_step(op, since)
         return True
@@ -208,7 +204,6 @@ class ProcessBackend(GroupedBackend):
         once, so each env's state (its request, when it started) is written
         only if that wait hands over to the general one (`_settle_lean`).
         """
-        self.step_arrays().resets[:] = op.reset_first
         out = LeanSteps.frames(self.workers, self._seq, op.mode.value, op.timed)
         self._seq += len(out)
         for link, seq, data, clean in out:  # each in flight once written (see `_written`)
@@ -221,24 +216,17 @@ class ProcessBackend(GroupedBackend):
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Write one request per worker hosting some of ``indices``; returns at once.
 
-        A streamed step (``send()``) whose actions fit the shared buffer puts
-        them there, with its reset flags, for every env at once.
+        A streamed step's (``send()``) actions and reset flags go to the buffer if they fit.
         """
         self._reactor.attach()
         if self._lean:
             self._settle_lean()
-        self._in_buffer = False
-        if (
+        self._in_buffer = (
             type(op) is StepOp
             and op.stream
             and self._slots is None  # a call waiting for a slot is sent on its own
-            and self._fill_actions is not None
-            and op.batch is not None
-        ):
-            rows = list(indices)
-            self._in_buffer = self._fill_actions(op.batch, rows)
-            if self._in_buffer:
-                self.step_arrays().resets[rows] = op.reset_first
+            and self._buffer.put_step(op, list(indices))
+        )
         super().launch(indices, op)
 
     def part_of(self, op: Op, positions: list[int]) -> Op:
@@ -248,7 +236,7 @@ class ProcessBackend(GroupedBackend):
     def request(self, worker: Link, envs: Sequence[int], op: Op, since: float) -> None:
         """Send ``op`` for ``envs`` (all hosted by ``worker``), pickled or lean."""
         self._seq += 1
-        try:
+        try:  # a call's argument may not pickle
             data = links.request_frame(self._seq, worker.group, envs, op, self._in_buffer)
         except Exception as exc:
             self.unsendable(envs, op, exc)
@@ -297,12 +285,10 @@ class ProcessBackend(GroupedBackend):
                 return
 
     def _unreadable(self, link: Link, error: Exception) -> None:
-        """A reply of ``link`` could not be delivered: kill it and lose its envs.
+        """A reply of ``link`` could not be delivered (corrupt, or a bug here): kill it.
 
-        A corrupt message, or a bug on this side: either way the worker's replies
-        can no longer be trusted, and its envs in flight would wait forever.  They
-        fail with `WorkerDiedError` (caused by ``error``), and the vector env's
-        ``reset()`` or a restart rebuilds them on a new worker, as after a crash.
+        Its replies can no longer be trusted: its envs fail with `WorkerDiedError`
+        (caused by ``error``) and are rebuilt on a new worker, as after a crash.
         """
         if link.alive:
             self._on_exit(link, link.kill(f"a reply of it could not be read ({error!r})", error))
@@ -328,10 +314,7 @@ class ProcessBackend(GroupedBackend):
             self.deliver(request, body)
 
     def _on_exit(self, link: Link, killed: ChildProcessError | None = None) -> None:
-        """The worker's process ended (or its pipe broke): fail and lose its envs.
-
-        ``killed``: why this side killed it (its replies are not read any more).
-        """
+        """The worker's process ended (``killed``: why this side killed it): lose its envs."""
         if not link.alive:
             return
         self._settle_lean()
@@ -383,11 +366,9 @@ class ProcessBackend(GroupedBackend):
         return self.take()
 
     def _collect_lean(self, deadline: float | None) -> None:
-        """Wait by hand for a lean step's clean replies (`LeanSteps.wait`), then deliver.
+        """Wait for a lean step's clean replies (`LeanSteps.wait`) and deliver what came.
 
-        Anything else (a reply with news, a death, the deadline) ends this
-        wait early: what it took is delivered, and the general wait of
-        `collect` reads the rest.
+        Anything else ends it early; the general wait of `collect` reads the rest.
         """
         done: list[tuple[int, Request]] = []
         news = None
@@ -416,23 +397,18 @@ class ProcessBackend(GroupedBackend):
         self._lean.settle(self.table, self._started)
 
     def _awaited(self) -> Sequence[Link]:
-        """The workers whose replies a blocking wait listens to.
+        """The workers a blocking wait listens to: the newest's alone for a whole step.
 
-        When every outcome in flight is wanted (a whole step, whose envs do not
-        wait for ``max_concurrency`` slots as others come back), only the newest
-        request's worker: it was started last and usually ends last, and the
-        others' replies are read once it has answered.  One wake-up per step,
-        not one per worker: a parent woken early runs on some worker's core
-        while that worker still steps its envs.
+        When every outcome in flight is wanted (and none waits for a slot), the
+        newest request's worker (`WorkTable.newest`) started last and usually
+        ends last; the others are read once it has answered.  One wake-up per
+        step: a parent woken early runs on some worker's core while it steps.
         """
-        if (
-            self.table.requests
-            and self._slots is None
-            and self._wanted >= (len(self.pending) + len(self._results) + len(self._errors))
-        ):
-            request = self.table.requests[next(reversed(self.table.requests))]
-            if request.future is None and not request.partial and request.worker.alive:
-                return (request.worker,)
+        done = len(self._results) + len(self._errors)
+        if self._slots is None and self._wanted >= len(self.pending) + done:
+            newest = self.table.newest()
+            if newest is not None:
+                return (newest,)
         return self.workers
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
@@ -494,7 +470,7 @@ class ProcessBackend(GroupedBackend):
             if exits:
                 await asyncio.wait(exits, timeout=links.GRACE)
             self._reactor.detach()
-            self._fill_actions = None  # it writes through views of the buffer unmapped next
+            self._buffer.fill = None  # it writes through views of the buffer unmapped next
             self._finalizer()
         return errors
 
@@ -509,5 +485,5 @@ class ProcessBackend(GroupedBackend):
                 local = list(range(len(link.group)))
                 with contextlib.suppress(OSError):
                     self._post_framed(link, framed(Call(-1, local, close_op(len(local)))))
-        self._fill_actions = None  # it writes through views of the buffer unmapped next
+        self._buffer.fill = None  # it writes through views of the buffer unmapped next
         self._finalizer()

@@ -16,6 +16,7 @@ import os
 import tempfile
 
 from aiovec._core.layout import Filler, StepArrays, StepLayout
+from aiovec._core.ops import StepOp
 from aiovec._errors import WorkerDiedError
 from aiovec.backends._messages import Attach, AttachReply
 from aiovec.backends._process.link import Link, framed
@@ -35,6 +36,7 @@ class SharedBuffer:
         self.layout: StepLayout | None = None
         self.map: mmap.mmap | None = None
         self.arrays: StepArrays | None = None
+        self.fill: Filler | None = None  # actions into the buffer, if they can be laid out
 
     def size(self, layout: StepLayout) -> StepArrays:
         """Size the file for ``layout`` and map it here."""
@@ -44,8 +46,8 @@ class SharedBuffer:
         self.arrays = layout.arrays(self.map)
         return self.arrays
 
-    def share(self, layout: StepLayout, links: list[Link], last_seq: int) -> Filler | None:
-        """Size the file for ``layout``, map it here and in every worker; the actions' filler.
+    def share(self, layout: StepLayout, links: list[Link], last_seq: int) -> None:
+        """Size the file for ``layout``, map it here and in every worker.
 
         Construction has no loop: each worker's answer is waited for here.  The
         `Attach` requests are numbered after ``last_seq``.
@@ -61,7 +63,27 @@ class SharedBuffer:
             assert isinstance(attached, AttachReply)
             if attached.error is not None:
                 raise attached.error
-        return None if layout.actions is None else layout.actions.filler(arrays.actions)
+        if layout.actions is not None:
+            self.fill = layout.actions.filler(arrays.actions)
+
+    def put_step(self, op: StepOp, rows: list[int] | None = None) -> bool:
+        """Copy a step's batch of actions and reset flags into the rows (``None``: every row).
+
+        Whether they fit: a batch the buffer cannot carry exactly (or none, as
+        where an autoreset has options) travels in the request instead.
+        """
+        fill, arrays = self.fill, self.arrays
+        if fill is None or arrays is None or op.batch is None:
+            return False
+        if rows is None:
+            if not fill(op.batch):
+                return False
+            arrays.resets[:] = op.reset_first
+        else:
+            if not fill(op.batch, rows):
+                return False
+            arrays.resets[rows] = op.reset_first
+        return True
 
     def close(self) -> None:
         """Drop this process's mapping and descriptor (workers drop theirs on exit)."""
