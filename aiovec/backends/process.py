@@ -178,16 +178,15 @@ class ProcessBackend(GroupedBackend):
     # -- requests ----------------------------------------------------------------------
 
     def _post_framed(self, link: Link, data: bytes) -> None:
-        """Write a framed request; what the pipe cannot take waits (`Reactor.post`)."""
-        self._reactor.post(link, data)
+        """Write a framed request (what the pipe cannot take waits for room).
 
-    def _try_post(self, link: Link, data: bytes) -> bool:
-        """`_post_framed`; ``False`` if the worker is gone (the pipe is broken)."""
+        A broken pipe is ignored here: the worker's sentinel tells whichever waits next.
+        """
         try:
-            self._post_framed(link, data)
+            if link.write(data):
+                self._reactor.wait_to_write(link)
         except OSError:
-            return False
-        return True
+            pass
 
     def launch_whole(self, op: Op, since: float) -> bool:
         """A whole step whose actions fit the buffer is a lean step (`_lean_step`)."""
@@ -207,7 +206,7 @@ class ProcessBackend(GroupedBackend):
         out = LeanSteps.frames(self.workers, self._seq, op.mode.value, op.timed)
         self._seq += len(out)
         for link, seq, data, clean in out:  # each in flight once written (see `_written`)
-            self._try_post(link, data)  # a broken pipe: its sentinel tells the wait
+            self._post_framed(link, data)
             self.table.requests[seq] = self.table.track(link, link.group, since, op)
             self._lean.inflight.append((link, seq, clean))
         if not loop_parked():  # the loop delivers each reply: no lean wait
@@ -253,7 +252,7 @@ class ProcessBackend(GroupedBackend):
         ``reset()`` would replace it.  A write never reads: if the pipe is
         broken, the worker's sentinel tells whichever waits next (`_on_exit`).
         """
-        self._try_post(request.worker, data)
+        self._post_framed(request.worker, data)
         self.table.requests[seq] = request
         self.table.wait_on(request, request.envs)
 
@@ -268,7 +267,9 @@ class ProcessBackend(GroupedBackend):
     def interrupt(self, worker: Link, locals_: list[int]) -> None:
         """Ask ``worker`` to cancel the calls of its async envs ``locals_``."""
         if worker.alive:
-            self._try_post(worker, framed(Cancel(0, locals_)))  # if it died: its sentinel says so
+            self._post_framed(
+                worker, framed(Cancel(0, locals_))
+            )  # if it died: its sentinel says so
 
     # -- replies -----------------------------------------------------------------------
 
@@ -355,9 +356,10 @@ class ProcessBackend(GroupedBackend):
             return await super().collect(min_done, timeout)
         self._wanted = min_done
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._lean and min_done >= self.num_envs:
-            self._collect_lean(deadline)
-        self._settle_lean()
+        if self._lean.inflight:
+            if min_done >= self.num_envs:
+                self._collect_lean(deadline)
+            self._settle_lean()
         while not self._satisfied():
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._reactor.wait(self.workers if wait_s == 0.0 else self._awaited(), wait_s)
@@ -466,7 +468,7 @@ class ProcessBackend(GroupedBackend):
                 if link.alive:
                     link.exited = loop.create_future()
                     exits.append(link.exited)
-                    self._try_post(link, framed(Stop()))
+                    self._post_framed(link, framed(Stop()))
             if exits:
                 await asyncio.wait(exits, timeout=links.GRACE)
             self._reactor.detach()
@@ -483,7 +485,6 @@ class ProcessBackend(GroupedBackend):
         for link in self.workers:
             if link.alive:
                 local = list(range(len(link.group)))
-                with contextlib.suppress(OSError):
-                    self._post_framed(link, framed(Call(-1, local, close_op(len(local)))))
+                self._post_framed(link, framed(Call(-1, local, close_op(len(local)))))
         self._buffer.fill = None  # it writes through views of the buffer unmapped next
         self._finalizer()

@@ -122,16 +122,15 @@ class Reactor:
 
     # -- writing -----------------------------------------------------------------------
 
-    def post(self, link: Link, data: bytes) -> None:
-        """Write framed ``data`` to ``link``; what the pipe cannot take waits for room.
+    def wait_to_write(self, link: Link) -> None:
+        """A request waits in ``link``'s outbox: write it once the pipe has room.
 
-        Raises ``OSError`` (a broken pipe) if the worker is gone.
+        From the loop (a writer), or here and now without one (construction).
         """
-        if link.write(data):
-            if self.loop is not None:
-                self.loop.add_writer(link.request_fd, self._flush, link)
-            else:
-                link.flush_blocking()
+        if self.loop is not None:
+            self.loop.add_writer(link.request_fd, self._flush, link)
+        else:
+            link.flush_blocking()
 
     # -- a parked wait -----------------------------------------------------------------
 
