@@ -2,8 +2,9 @@
 
 Backends hand the vector env a mapping from env index to that env's
 `Transition`.  A worker process writes its envs'
-transitions into shared arrays and answers with one message, so its results
-arrive as a `StepBlock`: the arrays plus the few infos that were not
+transitions into shared arrays and answers with one small message per part
+of its reply (one for a whole step, as many as it publishes for a streamed
+one), so its results arrive as `StepBlock`s: the arrays plus the few infos that were not
 empty.  `Rows` is a mapping over both kinds: an env's transition is built
 only when someone asks for it (a copy, never a view of the shared arrays), and
 the batcher can copy whole blocks at once when every env came in one.
