@@ -95,10 +95,7 @@ class Flight:
         ``breaks``: a failure leaves envs half-updated (step, reset), so the
         vector env becomes ``BROKEN``; otherwise its state is restored.
         """
-        life = self.life
-        return self._finish(
-            self.gather(indices, op), op.name, None, sent=False, before=life.state, breaks=breaks
-        )
+        return self._finish(self.gather(indices, op), op.name, None, False, self.life.state, breaks)
 
     def receive(
         self, call: str, wanted: int, wait: float | None, *, strict: bool
@@ -111,27 +108,19 @@ class Flight:
         caller says which state the vector env is in after.
         """
         name = PENDING[self.life.state]  # what is in flight: "step" or "reset"
-        return self._finish(
-            self._collect_sent(wanted, wait, name),
-            name,
-            call,
-            sent=True,
-            before=State.READY,
-            breaks=True,
-            strict=wanted if strict else 0,
-            wait=wait,
-        )
+        outcomes = self._collect_sent(wanted, wait, name)
+        least = wanted if strict else 0
+        return self._finish(outcomes, name, call, True, State.READY, True, least, wait)
 
-    async def _finish(
+    async def _finish(  # noqa: PLR0917  (positional: it is on the hot path of every call)
         self,
         outcomes: Coroutine[Any, Any, Outcomes],
         name: str,
         call: str | None,
-        *,
         sent: bool,
         before: State,
         breaks: bool,
-        strict: int = 0,
+        least: int = 0,
         wait: float | None = None,
     ) -> Results:
         """The one end of every call: await ``outcomes``, restart, raise (see the module).
@@ -145,8 +134,8 @@ class Flight:
             before: The state to restore on success (not ``sent``) or when a
                 failure does not break the vector env.
             breaks: A failure leaves the vector env ``BROKEN``.
-            strict: Unless this many outcomes came, the envs still out fail
-                with ``TimeoutError`` (the caller's ``wait``).
+            least: Unless this many outcomes came, the envs still out fail
+                with ``TimeoutError`` (the caller's ``wait``); 0: none is due.
             wait: The caller's timeout, for that message.
         """
         life, sent_envs = self.life, self.sent
@@ -154,19 +143,18 @@ class Flight:
         refusal = ""
         try:
             results, errors = await outcomes
-            late: set[int] = set()
-            if len(results) + len(errors) < strict:  # the caller's timeout
+            late: set[int] | None = None
+            if least and len(results) + len(errors) < least:  # the caller's timeout
                 late = sent_envs.envs.difference(results, errors)
                 for i in late:
                     errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
             if name == "step":
                 self.check_steps(results, errors)
-            restarter = self._restarter
-            while errors and not late and restarter.restartable(errors, step=name == "step"):
-                refusal = restarter.charge(errors)
+            while errors and not late and self._restarter.restartable(errors, step=name == "step"):
+                refusal = self._restarter.charge(errors)
                 if refusal:
                     break
-                results.update(await restarter.restart(errors, name, self.gather))
+                results.update(await self._restarter.restart(errors, name, self.gather))
                 # what other sent envs delivered while the restart waited for its own
                 more, errors = sent_envs.take_held(({}, {}))
                 self.check_steps(more, errors)
@@ -205,26 +193,24 @@ class Flight:
         never depend on which env happened to finish first.  A ``reset`` first
         rebuilds the envs that the backend lost (their worker died).
         """
-        backend = self.backend
-        unbuilt = await self.rebuild_lost(indices) if op.name == "reset" else {}
-        timeout = self._timeout_of(op.name)
+        backend, name = self.backend, op.name
+        unbuilt = await self.rebuild_lost(indices) if name == "reset" else None
+        timeout = self._timeout_of(name)
         since = 0.0 if timeout is None else time.perf_counter()
         own = set(indices) if self.sent.envs else None  # a restart amid sent envs
         backend.launch(indices, op)
         if not backend.pending:
-            results, errors = self.sent.keep(backend.take(), own)
-            errors.update(unbuilt)  # why they are still lost
-            return results, errors
-        if self.unwound is None:
-            self.unwound = asyncio.get_running_loop().create_future()
-        if timeout is None and own is None:
-            results, errors = await backend.collect(len(indices))
+            outcomes = self.sent.keep(backend.take(), own)
         else:
-            results, errors = await self.collect(
-                len(indices), timeout, op.name, lambda i: since, own=own
-            )
-        errors.update(unbuilt)
-        return results, errors
+            if self.unwound is None:
+                self.unwound = asyncio.get_running_loop().create_future()
+            if timeout is None and own is None:
+                outcomes = await backend.collect(len(indices))
+            else:
+                outcomes = await self.collect(len(indices), timeout, name, lambda i: since, own=own)
+        if unbuilt:
+            outcomes[1].update(unbuilt)  # why they are still lost
+        return outcomes
 
     async def rebuild_lost(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""

@@ -47,10 +47,11 @@ class Sent:
         for i in ids:
             at[i] = now
 
-    def done(self, *indices: Iterable[int]) -> None:
-        """These envs are received (their outcome was handed to the caller)."""
-        for envs in indices:
-            self.envs.difference_update(envs)
+    def done(self, results: Iterable[int], errors: Iterable[int]) -> None:
+        """The envs of ``results`` and ``errors`` are received (their outcomes handed over)."""
+        envs = self.envs
+        envs.difference_update(results)
+        envs.difference_update(errors)
 
     def clear(self) -> None:
         """Nothing is in flight any more (cancelled, drained or abandoned); nothing held."""
