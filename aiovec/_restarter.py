@@ -6,7 +6,7 @@ them to a failed step: it charges the failed envs a restart (all or none),
 then rebuilds them through the backend and resets them, waiting between tries
 as the policy says, and logs what happens.  The resets are made by the caller's
 ``gather`` (`aiovec._flight.Flight.gather`), so timeouts apply to them as to
-any call.
+any call.  `policy_of` says which policy ``on_error`` means.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.calls import Reset
 from aiovec._core.ops import CallOp
@@ -25,7 +26,7 @@ from aiovec._log import logger
 from aiovec.backends import Backend
 from aiovec.backends._base import Outcomes
 
-__all__ = ("Restarter", "say_envs")
+__all__ = ("Restarter", "policy_of", "say_envs")
 
 Gather = Callable[[Sequence[int], CallOp], Awaitable[Outcomes]]
 """Launch a call on some envs and collect every env's outcome (timeouts applied)."""
@@ -147,6 +148,18 @@ class Restarter:
     def _reset_call(self, i: int) -> Reset:
         """A restarted env's reset: it starts an episode, with the hook's options if any."""
         return Reset(options=self._autoreset.reset_options(i, None))
+
+
+def policy_of(on_error: object) -> tuple[str, RestartPolicy | None]:
+    """``on_error`` checked: ``"raise"`` or ``"restart"``, and the restart policy it means.
+
+    A `RestartPolicy` means ``"restart"`` with that policy; ``"restart"`` the
+    default policy; ``"raise"`` none.
+    """
+    if isinstance(on_error, RestartPolicy):
+        return "restart", on_error
+    name = validate.check_choice("on_error", on_error, validate.ON_ERROR)
+    return name, RestartPolicy() if name == "restart" else None
 
 
 def say_envs(indices: Sequence[int]) -> str:

@@ -51,7 +51,7 @@ from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.restart import RestartPolicy
 from aiovec._errors import EnvError, StateError
 from aiovec._flight import Flight
-from aiovec._restarter import Restarter
+from aiovec._restarter import Restarter, policy_of
 from aiovec._sent import Sent
 from aiovec.backends import Backend, load_backend
 
@@ -194,13 +194,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self.reset_timeout = validate.check_timeout("reset_timeout", reset_timeout)
         if self.reset_timeout is None:
             self.reset_timeout = self.step_timeout
-        self.restart_policy: RestartPolicy | None = None
-        if isinstance(on_error, RestartPolicy):
-            self.on_error, self.restart_policy = "restart", on_error
-        else:
-            self.on_error = validate.check_choice("on_error", on_error, validate.ON_ERROR)
-            if self.on_error == "restart":
-                self.restart_policy = RestartPolicy()
+        self.on_error, self.restart_policy = policy_of(on_error)
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
         limiter = validate.check_max_concurrency(max_concurrency, backend_name)

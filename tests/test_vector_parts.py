@@ -17,7 +17,7 @@ from aiovec._core.autoreset import AutoresetState
 from aiovec._core.calls import Reset
 from aiovec._core.ops import CallOp
 from aiovec._flight import error_for
-from aiovec._restarter import Restarter
+from aiovec._restarter import Restarter, policy_of
 from aiovec._sent import Sent
 from aiovec.backends._base import Outcomes
 
@@ -98,6 +98,15 @@ async def resets(indices: list[int], op: CallOp) -> Outcomes:
     assert op.name == "reset"
     assert all(isinstance(call, Reset) for call in op.calls)
     return {i: (i, {"reset": True}) for i in indices}, {}
+
+
+def test_on_error_means_a_policy_or_none():
+    policy = RestartPolicy(attempts=5)
+    assert policy_of(policy) == ("restart", policy)
+    assert policy_of("restart") == ("restart", RestartPolicy())
+    assert policy_of("raise") == ("raise", None)
+    with pytest.raises(ValueError, match=r"on_error must be one of 'raise', 'restart'"):
+        policy_of("retry")
 
 
 def test_only_step_failures_that_are_exceptions_are_restartable():
