@@ -2,27 +2,27 @@
 
 Theory of operation.  Each public call does the same four things: check the
 lifecycle table (``_core/lifecycle.py``), validate its arguments (nothing is
-touched yet), hand the backend an op (``_core/ops.py``) and batch what comes
-back (``_core/batching.py``).  ``BlockingVectorEnv`` forwards here; no rule is
-written anywhere else.
+touched yet), hand an op (``_core/ops.py``) to the parts below and batch what
+comes back (``_core/batching.py``).  ``BlockingVectorEnv`` forwards here; no
+rule is written anywhere else.
 
-- ``_run`` is the path of every full-batch call: ``_gather`` launches the op and
-  collects every env's outcome, turning envs still running at the deadline
-  (``step_timeout``/``reset_timeout``) into ``TimeoutError``s after cancelling
-  them; ``_restart`` replaces the failed envs of a step when a restart policy is
-  set; ``_raise_for`` turns the remaining failures into ``EnvError`` (or
-  ``EnvTimeoutError``) and says which state the vector env is left in.
-- ``send``/``recv`` are partial stepping: ``send`` launches a step for some envs
-  and returns; ``recv`` collects (``_receive``, ``_collect_sent``) until
-  ``min_envs`` are in, cancelling envs past their own deadline, and batches that
-  subset.  gymnasium's ``AsyncVectorEnv`` spellings, which only
-  ``BlockingVectorEnv`` offers, are the same path: ``_step_async`` is a ``send``
-  of every env, ``_step_wait`` a ``_receive`` of every env batched as ``step``
-  batches; ``_reset_async`` launches a reset the same way (``RESET_SENT``) and
-  ``_reset_wait`` receives it.  A wait's own ``timeout`` fails the envs still
-  out with ``TimeoutError``: they are cancelled, nothing of them can come later.
-- ``_unwound`` is set while a call waits on envs, so that ``close()`` can cancel
-  the envs and wait for that call to unwind before closing them.
+The vector env owns its parts and delegates to them:
+
+- `aiovec._flight.Flight` runs the calls on the envs: a whole call
+  (``step``, ``reset``, ``call``, ...) and partial stepping (``send`` launches,
+  ``recv`` receives) end through its one skeleton: outcomes collected with
+  per-env deadlines, failed steps restarted, failures raised, the state the
+  call leaves;
+- `aiovec._restarter.Restarter` restarts failed envs under a `RestartPolicy`;
+- `aiovec._sent.Sent` remembers the envs in flight from ``send()`` and the
+  outcomes held for them.
+
+gymnasium's ``AsyncVectorEnv`` spellings, which only ``BlockingVectorEnv``
+offers, are the same path: ``_step_async`` is a ``send`` of every env,
+``_step_wait`` a receive of every env batched as ``step`` batches;
+``_reset_async`` launches a reset the same way (``RESET_SENT``) and
+``_reset_wait`` receives it.  A wait's own ``timeout`` fails the envs still out
+with ``TimeoutError``: they are cancelled, nothing of them can come later.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import time
 import warnings
 from collections.abc import Callable, Coroutine, Mapping, MutableMapping, Sequence
 from types import TracebackType
-from typing import Any, Generic, NoReturn, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 import numpy as np
@@ -46,23 +45,15 @@ from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState, ResetHook
 from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, IsWrapped, Reset, SetAttr
-from aiovec._core.deadlines import overdue
 from aiovec._core.latency import LatencyStats
-from aiovec._core.lifecycle import PENDING, Lifecycle, State, VectorCall
-from aiovec._core.ops import CallOp, Op, StepOp
-from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
-from aiovec._core.rows import Rows
-from aiovec._errors import (
-    ClosedError,
-    EnvError,
-    EnvTimeoutError,
-    StateError,
-    WorkerDiedError,
-    describe_error,
-)
-from aiovec._log import logger
+from aiovec._core.lifecycle import Lifecycle, State, VectorCall
+from aiovec._core.ops import CallOp, StepOp
+from aiovec._core.restart import RestartPolicy
+from aiovec._errors import EnvError, StateError
+from aiovec._flight import Flight
+from aiovec._restarter import Restarter, policy_of
+from aiovec._sent import Sent
 from aiovec.backends import Backend, load_backend
-from aiovec.backends._base import Outcomes
 
 __all__ = ("AsyncioVectorEnv", "RecvBatch")
 
@@ -195,7 +186,6 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
-        self._unwound: asyncio.Future[None] | None = None  # set while a call waits on envs
         fns = validate.check_env_fns(env_fns)
         mode = validate.check_autoreset_mode(autoreset_mode)
         backend_name = validate.check_choice("backend", backend, validate.BACKENDS)
@@ -204,13 +194,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self.reset_timeout = validate.check_timeout("reset_timeout", reset_timeout)
         if self.reset_timeout is None:
             self.reset_timeout = self.step_timeout
-        self.restart_policy: RestartPolicy | None = None
-        if isinstance(on_error, RestartPolicy):
-            self.on_error, self.restart_policy = "restart", on_error
-        else:
-            self.on_error = validate.check_choice("on_error", on_error, validate.ON_ERROR)
-            if self.on_error == "restart":
-                self.restart_policy = RestartPolicy()
+        self.on_error, self.restart_policy = policy_of(on_error)
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
         limiter = validate.check_max_concurrency(max_concurrency, backend_name)
@@ -269,15 +253,17 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._batcher = Batcher(
             traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, self.copy
         )
-        self._check_results = validate.step_result_checker(traits.observation_spaces[0])
         self._autoreset = AutoresetState(mode, self.num_envs, self._hook)
-        self._in_flight: set[int] = set()  # envs started by send(), not yet recv()ed
-        self._sent_reset: tuple[np.ndarray | None, dict[int, BaseException]] = (None, {})
-        """The mask of the reset in flight (RESET_SENT) and the lost envs it could not rebuild."""
-        self._sent_at = [0.0] * self.num_envs  # when send() launched each env (perf_counter)
-        self._held: Outcomes = ({}, {})
-        """Outcomes of sent envs that came while a restart waited for its own envs."""
-        self._restarts = RestartBook(self.restart_policy or RestartPolicy(), self.num_envs)
+        self._sent = Sent(self.num_envs)
+        restarter = Restarter(self.restart_policy, self.num_envs, self._backend, self._autoreset)
+        self._flight = Flight(
+            self._backend,
+            self._life,
+            self._sent,
+            restarter,
+            check_results=validate.step_result_checker(traits.observation_spaces[0]),
+            timeout_of=self._timeout_of,
+        )
         self._all = range(self.num_envs)
 
     # -- properties --------------------------------------------------------------
@@ -354,21 +340,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             Batched observations and infos.
         """
         indices, op, mask = self._reset_call(VectorCall.RESET, seed, options)
-        await self._clear_break()
-        results = await self._run(indices, op, breaks=True)
+        await self._flight.clear_break()
+        results = await self._flight.run(indices, op, breaks=True)
         return self._reset_done(indices, results, mask)
-
-    async def _clear_break(self) -> None:
-        """Before a reset of a broken vector env: drop what the call that broke it left.
-
-        A call abandoned where it could not wait (``send()`` interrupted as it
-        started its envs, ``recv()`` closed unfinished) leaves its envs' outcomes
-        behind; they are not the reset's.
-        """
-        if self._life.state is State.BROKEN:
-            backend = self._backend
-            assert backend is not None
-            await backend.drain()
 
     def _reset_call(
         self, call: VectorCall, seed: object, options: object
@@ -414,7 +388,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             batch=self._batch_of(actions, reset_first),
             timed=self.step_timeout is not None,
         )
-        return self._stepped(await self._run(self._all, op, breaks=True))
+        return self._stepped(await self._flight.run(self._all, op, breaks=True))
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
         """The batch of a step whose every env answered; the vector env is ready."""
@@ -436,7 +410,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """
         self._life.check(VectorCall.SEND)
         ids = validate.check_env_ids(env_ids, self.num_envs)
-        busy = sorted(self._in_flight.intersection(ids))
+        busy = sorted(self._sent.envs.intersection(ids))
         if busy:
             raise StateError(f"env(s) {busy} are still in flight from send(); recv() them first")
         per_env = self._batcher.split_actions(actions, len(ids))
@@ -450,30 +424,13 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             ) from None
         batch = self._batch_of(actions, reset_first)
         op = StepOp(self.autoreset_mode, per_env, reset_first, batch=batch, stream=True)
-        self._launch_sent(ids, op, "send()")
+        self._flight.send(ids, op, "send()")
 
     def _batch_of(self, actions: Any, reset_first: list[Any]) -> Any:
         """A step op's ``batch``: none where an autoreset has options (they go env by env)."""
         if self._hook is None or all(type(f) is bool for f in reset_first):
             return actions
         return None
-
-    def _launch_sent(self, ids: Sequence[int], op: Op, call: str) -> None:
-        """Start ``op`` on ``ids`` and return: they are in flight until received."""
-        backend = self._backend
-        assert backend is not None
-        self._in_flight.update(ids)
-        self._life.state = State.RESET_SENT if op.name == "reset" else State.SENT
-        now = time.perf_counter()
-        for i in ids:
-            self._sent_at[i] = now
-        try:
-            backend.launch(ids, op)
-        except BaseException as exc:  # Ctrl-C raised by a sync env: stop everything
-            backend.cancel()
-            self._in_flight.clear()
-            self._life.break_(f"{call} was interrupted ({type(exc).__name__})")
-            raise
 
     async def recv(
         self,
@@ -495,200 +452,26 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             ``(observations, rewards, terminations, truncations, infos, env_ids)``.
         """
         self._life.check(VectorCall.RECV)
-        wanted = validate.check_min_envs(min_envs, len(self._in_flight))
+        wanted = validate.check_min_envs(min_envs, len(self._sent.envs))
         wait = validate.check_timeout("timeout", timeout)
-        results = await self._receive("recv()", wanted, wait, strict=False)
+        results = await self._flight.receive("recv()", wanted, wait, strict=False)
         ids = sorted(results)
         batch = self._batcher.subset_batch(ids, results)
         self._autoreset.stepped(ids, batch[2], batch[3])
-        self._life.state = State.SENT if self._in_flight else State.READY
+        self._life.state = State.SENT if self._sent.envs else State.READY
         return (*batch, np.array(ids, dtype=np.int64))
-
-    async def _receive(
-        self, call: str, wanted: int, wait: float | None, *, strict: bool
-    ) -> MutableMapping[int, Any]:
-        """Results of sent envs once ``wanted`` are in (or ``wait`` s passed), or raise.
-
-        ``strict``: ``wanted`` envs or an error; those still out after ``wait``
-        seconds fail with ``TimeoutError`` (and are cancelled, like any failed
-        call's siblings), so the call raises `aiovec.EnvTimeoutError`.
-        """
-        name = PENDING[self._life.state]  # what is in flight: "step" or "reset"
-        self._life.state = State.BUSY
-        refusal = ""
-        try:
-            results, errors = await self._collect_sent(wanted, wait, name)
-            late: set[int] = set()
-            if strict and len(results) + len(errors) < wanted:  # the caller's timeout
-                late = self._in_flight.difference(results, errors)
-                errors.update(
-                    (i, TimeoutError(f"env {i} did not answer {call} within {wait} s"))
-                    for i in late
-                )
-            if name == "step":
-                self._check_steps(results, errors)
-            while errors and not late and self._restartable(errors, step=name == "step"):
-                refusal = self._charge_restarts(errors)
-                if refusal:
-                    break
-                results.update(await self._restart(errors, "step"))
-                # what other sent envs delivered while the restart waited for its own
-                more, errors = self._take_held(({}, {}))
-                self._check_steps(more, errors)
-                results.update(more)
-        except GeneratorExit:
-            self._abandon_sent(f"{call} was abandoned unfinished")
-            raise
-        except BaseException as exc:
-            if self._life.state is not State.CLOSED:
-                await self._drain_sent()
-                self._life.break_(f"{call} was interrupted ({type(exc).__name__})")
-            raise
-        finally:
-            if self._unwound is not None:
-                self._unwound.set_result(None)
-                self._unwound = None
-        if name == "reset":
-            errors.update(self._sent_reset[1])  # why they are still lost
-        self._in_flight.difference_update(results)
-        self._in_flight.difference_update(errors)
-        if self._life.state is State.CLOSED:
-            raise ClosedError(f"the vector env was closed while {call} was waiting")
-        if errors:
-            await self._drain_sent()
-            self._raise_for(errors, name, State.READY, breaks=True, note=refusal)
-        return results
-
-    async def _collect_sent(self, wanted: int, wait_s: float | None, name: str) -> Outcomes:
-        """Outcomes of sent envs until ``wanted`` arrived, ``wait_s`` passed or all are in.
-
-        ``name`` is the call in flight (``"step"``, ``"reset"``): its timeout applies.
-        """
-        backend = self._backend
-        assert backend is not None
-        if self._unwound is None:
-            self._unwound = asyncio.get_running_loop().create_future()
-        until = None if wait_s is None else time.perf_counter() + wait_s
-        launched = self._sent_at.__getitem__
-        return await self._collect(wanted, self._timeout_of(name), name, launched, until)
-
-    async def _collect(
-        self,
-        wanted: int,
-        timeout: float | None,  # noqa: ASYNC109  (each env's own deadline, not this call's)
-        name: str,
-        launched: Callable[[int], float],
-        until: float | None = None,
-        *,
-        own: set[int] | None = None,
-    ) -> Outcomes:
-        """Collect until ``wanted`` envs are in, none is in flight, or ``until`` passed.
-
-        An env still running ``timeout`` seconds after its own start (see
-        `_core.deadlines`) is cancelled and fails with ``TimeoutError``; its
-        start is never before ``launched(i)``, when its call was launched.
-        Times are on the ``time.perf_counter`` clock.  With ``own``, only those
-        envs are collected (and timed): the outcomes of the others are held
-        for the `recv` in progress (`_keep`).
-        """
-        backend = self._backend
-        assert backend is not None
-        if own is None:
-            results, errors = self._take_held(backend.take())
-        else:
-            results, errors = self._keep(backend.take(), own)
-        expired: set[int] = set()
-        while len(results) + len(errors) < wanted and self._out(own):
-            now = time.perf_counter()
-            wait: float | None = None
-            if timeout is not None:
-                out = backend.pending if own is None else backend.pending & own
-                starts = (
-                    (i, _not_before(backend.started_at(i), launched(i))) for i in out - expired
-                )
-                late, wait = overdue(starts, timeout, now)
-                if late:
-                    expired.update(late)
-                    backend.cancel(late)
-                    continue  # collect what the cancellation delivered at once
-            if until is not None:
-                if until <= now:
-                    break  # the caller's timeout
-                wait = until - now if wait is None else min(wait, until - now)
-            more_results, more_errors = self._keep(
-                await backend.collect(wanted - len(results) - len(errors), wait), own
-            )
-            if not results and not errors:
-                results, errors = more_results, more_errors  # keep the backend's own mapping
-            else:
-                results.update(more_results)
-                errors.update(more_errors)
-        if expired:  # the outcomes their cancellation delivered
-            more_results, more_errors = self._keep(backend.take(), own)
-            results.update(more_results)
-            errors.update(more_errors)
-        timed_out = sorted(i for i in expired.intersection(errors) if _cancelled(errors[i]))
-        for i in timed_out:
-            errors[i] = TimeoutError(f"env {i} did not answer {name}() within {timeout} s")
-        if timed_out:
-            logger.warning(
-                "%s did not answer %s() within %s s; cancelled", _envs(timed_out), name, timeout
-            )
-        return results, errors
-
-    def _out(self, own: set[int] | None) -> bool:
-        """Whether some env is still in flight (of ``own``, when given)."""
-        pending = self._backend.pending  # type: ignore[union-attr]
-        return bool(pending) if own is None else not own.isdisjoint(pending)
-
-    def _keep(self, outcomes: Outcomes, own: set[int] | None) -> Outcomes:
-        """``outcomes`` of the envs ``own`` (all when ``None``); hold the others' for `recv`."""
-        if own is None:
-            return outcomes
-        held_results, held_errors = self._held
-        results, errors = outcomes
-        for i in [i for i in results if i not in own]:
-            held_results[i] = results.pop(i)
-        for i in [i for i in errors if i not in own]:
-            held_errors[i] = errors.pop(i)
-        return results, errors
-
-    def _take_held(self, outcomes: Outcomes) -> Outcomes:
-        """``outcomes`` with the held ones added (they came first); nothing is held after."""
-        held_results, held_errors = self._held
-        if not held_results and not held_errors:
-            return outcomes
-        self._held = ({}, {})
-        results, errors = outcomes
-        results.update(held_results)
-        errors.update(held_errors)
-        return results, errors
 
     def _timeout_of(self, name: str) -> float | None:
         """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""
         return self.reset_timeout if name == "reset" else self.step_timeout
 
     async def _drain_sent(self) -> None:
-        """Cancel (and wait for) every env still in flight from send()."""
-        backend = self._backend
-        assert backend is not None
-        await backend.drain()
-        self._in_flight.clear()
-        self._held = ({}, {})
+        """Cancel (and wait for) every env still in flight (BlockingVectorEnv's terminate)."""
+        await self._flight.drain()
 
     async def _stop_sent(self, reason: str) -> None:
         """Cancel (and wait for) the envs in flight from send(); a reset is needed then."""
-        if self._life.state is State.SENT:
-            await self._drain_sent()
-            self._life.break_(reason)
-
-    def _abandon_sent(self, reason: str) -> None:
-        backend = self._backend
-        assert backend is not None
-        backend.cancel()
-        self._in_flight.clear()
-        self._held = ({}, {})
-        self._life.break_(reason)
+        await self._flight.stop(reason)
 
     # -- gymnasium's AsyncVectorEnv spellings (BlockingVectorEnv's; one set of rules) --
 
@@ -704,21 +487,23 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """``step_wait``: every env's step from `_step_async`, batched as `step` batches it."""
         self._life.check(VectorCall.STEP_WAIT)
         wait = validate.check_timeout("timeout", timeout)
-        if len(self._in_flight) < self.num_envs:
-            idle = sorted(set(self._all) - self._in_flight)
+        if len(self._sent.envs) < self.num_envs:
+            idle = sorted(set(self._all) - self._sent.envs)
             raise StateError(
                 f"cannot call step_wait(): it collects a step of every env, and env(s) {idle} "
                 "are not in flight; recv() the envs sent with send()"
             )
-        return self._stepped(await self._receive("step_wait()", self.num_envs, wait, strict=True))
+        results = await self._flight.receive("step_wait()", self.num_envs, wait, strict=True)
+        return self._stepped(results)
 
     async def _reset_async(self, seed: object, options: object) -> None:
         """``reset_async``: start a reset (see `reset`) and return; `_reset_wait` collects it."""
         indices, op, mask = self._reset_call(VectorCall.RESET_ASYNC, seed, options)
-        await self._clear_break()
-        unbuilt = await self._rebuild_lost(indices)
-        self._sent_reset = mask, unbuilt
-        self._launch_sent(indices, op, "reset_async()")
+        await self._flight.clear_break()
+        sent = self._sent
+        sent.unbuilt = await self._flight.rebuild_lost(indices)
+        sent.reset_mask = mask
+        self._flight.send(indices, op, "reset_async()")
 
     async def _reset_wait(
         self,
@@ -727,9 +512,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """``reset_wait``: the reset started by `_reset_async`, as `reset` returns it."""
         self._life.check(VectorCall.RESET_WAIT)
         wait = validate.check_timeout("timeout", timeout)
-        mask = self._sent_reset[0]
-        indices = sorted(self._in_flight)
-        results = await self._receive("reset_wait()", len(indices), wait, strict=True)
+        mask = self._sent.reset_mask
+        indices = sorted(self._sent.envs)
+        results = await self._flight.receive("reset_wait()", len(indices), wait, strict=True)
         return self._reset_done(indices, results, mask)
 
     def latency_stats(self) -> LatencyStats:
@@ -786,7 +571,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         )
         calls = dict(zip(ids, (SetAttr(name, v) for v in values), strict=True))
         launched = sorted(ids)
-        await self._run(launched, CallOp([calls[i] for i in launched], "set_attr"), breaks=False)
+        await self._flight.run(
+            launched, CallOp([calls[i] for i in launched], "set_attr"), breaks=False
+        )
 
     async def env_is_wrapped(
         self, wrapper_class: type, *, env_ids: EnvIds | None = None
@@ -821,7 +608,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life.state = State.CLOSED
             return
         self._life.state = State.CLOSED
-        unwound = self._unwound
+        unwound = self._flight.unwound
         if unwound is not None and not unwound.done():  # a call is waiting on envs
             self._backend.cancel()
             await asyncio.shield(unwound)  # it sees CLOSED and raises ClosedError
@@ -864,228 +651,18 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """Make ``call`` on every env (or those of ``env_ids``); results in that order."""
         self._life.check(VectorCall.INSPECT)
         if env_ids is None:
-            results = await self._run(self._all, CallOp([call] * self.num_envs, name), breaks=False)
+            results = await self._flight.run(
+                self._all, CallOp([call] * self.num_envs, name), breaks=False
+            )
             return self._batcher.gather(self._all, results)
         ids = self._env_ids(env_ids)
         launched = sorted(ids)
-        results = await self._run(launched, CallOp([call] * len(ids), name), breaks=False)
+        results = await self._flight.run(launched, CallOp([call] * len(ids), name), breaks=False)
         return self._batcher.gather(ids, results)
 
     def _env_ids(self, env_ids: EnvIds | None) -> Sequence[int]:
         """The envs a call names (checked: distinct, in range), or every env for ``None``."""
         return self._all if env_ids is None else validate.check_env_ids(env_ids, self.num_envs)
-
-    async def _run(
-        self, indices: Sequence[int], op: Op, *, breaks: bool
-    ) -> MutableMapping[int, Any]:
-        """Run ``op`` on ``indices`` and return every env's result, or raise.
-
-        ``breaks``: a failure leaves envs half-updated (step, reset), so the
-        vector env becomes ``BROKEN``; otherwise its state is restored.
-        """
-        backend = self._backend
-        assert backend is not None
-        before = self._life.state
-        self._life.state = State.BUSY
-        refusal = ""
-        try:
-            results, errors = await self._gather(indices, op)
-            if isinstance(op, StepOp):
-                self._check_steps(results, errors)
-            if errors and self._restartable(errors, step=isinstance(op, StepOp)):
-                refusal = self._charge_restarts(errors)
-                if not refusal:
-                    results.update(await self._restart(errors, op.name))
-                    errors = {}
-        except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
-            backend.cancel()
-            self._life.break_(f"{op.name}() was abandoned unfinished")
-            raise
-        except BaseException as exc:
-            if self._life.state is not State.CLOSED:
-                await backend.drain()
-                self._life.break_(f"{op.name}() was interrupted ({type(exc).__name__})")
-            raise
-        finally:
-            if self._unwound is not None:
-                self._unwound.set_result(None)
-                self._unwound = None
-        if self._life.state is State.CLOSED:
-            raise ClosedError(f"the vector env was closed while {op.name}() was in flight")
-        if errors:
-            self._raise_for(errors, op.name, before, breaks, note=refusal)
-        self._life.state = before
-        return results
-
-    async def _gather(self, indices: Sequence[int], op: Op) -> Outcomes:
-        """Launch ``op`` and collect every env's outcome; late envs fail with TimeoutError.
-
-        Every env's call runs to its end, failed or not: the errors reported
-        never depend on which env happened to finish first.  A ``reset`` first
-        rebuilds the envs that the backend lost (their worker died).
-        """
-        backend = self._backend
-        assert backend is not None
-        unbuilt = await self._rebuild_lost(indices) if op.name == "reset" else {}
-        timeout = self._timeout_of(op.name)
-        since = 0.0 if timeout is None else time.perf_counter()
-        own = set(indices) if self._in_flight else None  # a restart amid sent envs
-        backend.launch(indices, op)
-        if not backend.pending:
-            results, errors = self._keep(backend.take(), own)
-            errors.update(unbuilt)  # why they are still lost
-            return results, errors
-        if self._unwound is None:
-            self._unwound = asyncio.get_running_loop().create_future()
-        if timeout is None and own is None:
-            results, errors = await backend.collect(len(indices))
-        else:
-            results, errors = await self._collect(
-                len(indices), timeout, op.name, lambda i: since, own=own
-            )
-        errors.update(unbuilt)
-        return results, errors
-
-    async def _rebuild_lost(self, indices: Sequence[int]) -> dict[int, BaseException]:
-        """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
-        backend = self._backend
-        assert backend is not None
-        await backend.settle(indices)
-        if backend.lost.isdisjoint(indices):
-            return {}
-        return await backend.rebuild(sorted(backend.lost.intersection(indices)))
-
-    def _check_steps(self, results: MutableMapping[int, Any], errors: dict[int, Any]) -> None:
-        """Fail the envs whose step result is malformed (it would spoil the whole batch).
-
-        Results in shared-memory blocks were written there exactly by their
-        worker; only those that came one by one are checked.
-        """
-        singles = results.singles if type(results) is Rows else results
-        if not singles:
-            return
-        for i, error in self._check_results(singles).items():
-            del results[i]
-            errors[i] = error
-
-    async def _restart(self, failed: dict[int, BaseException], name: str) -> dict[int, Any]:
-        """Rebuild and reset the failed envs; their rows, or EnvError if the policy gives up.
-
-        The envs are tried together, with `RestartPolicy.wait_before` between
-        tries; its downtime counts from here (the failure has just been seen).
-        """
-        backend, policy = self._backend, self.restart_policy
-        assert backend is not None
-        assert policy is not None
-        messages = {i: describe_failure(error, f"{name}()") for i, error in failed.items()}
-        causes: dict[str, list[int]] = {}  # envs that failed alike share a line
-        for i, error in sorted(failed.items()):
-            causes.setdefault(describe_error(error), []).append(i)
-        for cause, envs in causes.items():
-            logger.warning("%s failed in %s(): %s; restarting", _envs(envs), name, cause)
-        rows: dict[int, Any] = {}
-        todo: dict[int, BaseException] = dict(failed)
-        since = time.perf_counter()
-        tried = restarts = 0
-        while (delay := policy.wait_before(tried, time.perf_counter() - since)) is not None:
-            if tried:
-                logger.warning(
-                    "%s: restart attempt %d failed (%s); attempt %d in %.3g s",
-                    _envs(sorted(todo)),
-                    tried,
-                    describe_error(todo[min(todo)]),
-                    tried + 1,
-                    delay,
-                )
-            if delay:
-                await asyncio.sleep(delay)
-            tried += 1
-            restarts += len(todo)
-            todo = await backend.rebuild(sorted(todo)) or {}
-            rebuilt = [i for i in failed if i not in rows and i not in todo]
-            reset_op = CallOp([self._restart_reset(i) for i in rebuilt], "reset")
-            resets, reset_errors = await self._gather(rebuilt, reset_op)
-            rows.update((i, restarted_row(resets[i], messages[i])) for i in resets)
-            todo.update(reset_errors)
-            if not todo:
-                if tried > 1:  # an outage: say once that it is over
-                    logger.warning(
-                        "%s back after %.3g s (%d restarts)",
-                        _envs(sorted(failed)),
-                        time.perf_counter() - since,
-                        restarts,
-                    )
-                return rows
-        down = time.perf_counter() - since
-        logger.warning(
-            "%s: giving up after %d restart attempt(s) over %.3g s: %s",
-            _envs(sorted(todo)),
-            tried,
-            down,
-            describe_error(todo[min(todo)]),
-        )
-        raise EnvError(todo, f"{name}() (restart failed after {tried} attempts over {down:.3g} s)")
-
-    def _restart_reset(self, i: int) -> Reset:
-        """A restarted env's reset: it starts an episode, with the hook's options if any."""
-        return Reset(options=self._autoreset.reset_options(i, None))
-
-    def _charge_restarts(self, failed: dict[int, BaseException]) -> str:
-        """Charge a restart to every failed env, or to none if one is over its limit.
-
-        Returns:
-            ``""`` when every env may be restarted (each is charged one restart),
-            else why the step raises instead (nothing is charged).
-        """
-        policy = self.restart_policy
-        assert policy is not None
-        now = asyncio.get_running_loop().time()
-        if all(self._restarts.may_restart(i, now) for i in failed):
-            self._restarts.record(failed, now)
-            return ""
-        refusal = (
-            f"restart limit reached: more than {policy.max_restarts} restarts "
-            f"within {policy.window:g} s"
-        )
-        logger.warning("%s: giving up: %s", _envs(sorted(failed)), refusal)
-        return refusal
-
-    def _restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
-        """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
-        return (
-            self.restart_policy is not None
-            and step
-            and all(isinstance(e, Exception) for e in errors.values())
-        )
-
-    def _raise_for(
-        self,
-        errors: dict[int, BaseException],
-        name: str,
-        before: State,
-        breaks: bool,
-        note: str = "",
-    ) -> NoReturn:
-        """Raise the error for ``errors``: its class follows the causes; ``note`` says more."""
-        for error in errors.values():
-            if not isinstance(error, Exception):  # Ctrl-C or exit from an env: as it is
-                self._life.break_(f"{name}() was interrupted ({type(error).__name__})")
-                raise error
-        if breaks:
-            self._life.break_(f"{name}() failed in env {min(errors)}")
-        else:
-            self._life.state = before
-        kind: type[EnvError] = EnvError
-        causes: dict[int, BaseException] = {}
-        for i, error in errors.items():
-            causes[i] = error
-            if isinstance(error, EnvError):  # a backend's report on env i: its cause is the news
-                if isinstance(error, WorkerDiedError):
-                    kind = WorkerDiedError
-                causes[i] = error.errors.get(i, error)
-        if kind is EnvError and any(isinstance(e, TimeoutError) for e in causes.values()):
-            kind = EnvTimeoutError
-        raise kind(causes, f"{name}() ({note})" if note else f"{name}()")
 
     def _close_now(self) -> None:
         """Release everything without a loop (a failed construction, garbage collection)."""
@@ -1102,30 +679,6 @@ def _check_hook(hook: object) -> ResetHook | None:
             f"or None, got {validate.describe(hook)}"
         )
     return hook
-
-
-def _not_before(start: float | None, launched: float) -> float | None:
-    """An env's start, never before its launch (a backend may not have stamped it yet)."""
-    return None if start is None else max(start, launched)
-
-
-def _cancelled(error: BaseException) -> bool:
-    return isinstance(error, asyncio.CancelledError)
-
-
-def _envs(indices: Sequence[int]) -> str:
-    """``env 3``, ``envs 0, 1, 2``, ``envs 0-255`` or ``40 envs`` for a log line (sorted)."""
-    if len(indices) == 1:
-        return f"env {indices[0]}"
-    if len(indices) <= _HANDFUL:
-        return "envs " + ", ".join(map(str, indices))
-    if indices[-1] - indices[0] + 1 == len(indices):
-        return f"envs {indices[0]}-{indices[-1]}"
-    return f"{len(indices)} envs"
-
-
-_HANDFUL = 5
-"""Up to this many envs, a log line lists them; more are a range or a count."""
 
 
 def _check_name(name: object) -> str:
