@@ -20,9 +20,9 @@ import aiovec
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._runner import Runner
 from aiovec.backends import _grouped, _messages, _wire, _worker
+from aiovec.backends import process as process_backend
 from aiovec.backends._process import lean as _lean
 from aiovec.backends._process import reactor as _reactor
-from aiovec.backends import process as process_backend
 from aiovec.testing import SpaceEnv
 
 START_METHODS = ["fork", "forkserver", "spawn"]
