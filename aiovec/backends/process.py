@@ -1,7 +1,7 @@
 """``backend="process"``: CPU-bound envs in worker processes, several envs per worker.
 
 Theory of operation.  The envs are split into W contiguous groups, one per
-worker process (``_worker.py``), which builds its group from cloudpickled
+worker process (``_host/child.py``), which builds its group from cloudpickled
 factories.  What envs grouped on workers mean (who owns an env, cancel, a
 worker's death, lost envs, rebuild, close) is `GroupedBackend`'s
 (``_grouped.py``); this module is the transport: pipes, the shared buffer and
@@ -75,7 +75,6 @@ from aiovec._core.layout import Filler, StepArrays, StepLayout
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.rows import StepBlock
 from aiovec._errors import WorkerDiedError
-from aiovec.backends import _worker
 from aiovec.backends._base import EnvTraits
 from aiovec.backends._grouped import (
     GroupedBackend,
@@ -83,6 +82,7 @@ from aiovec.backends._grouped import (
     close_op,
     ready_traits,
 )
+from aiovec.backends._host import child
 from aiovec.backends._messages import (
     CLEAN_STEP,
     LEAN,
@@ -222,7 +222,7 @@ class ProcessBackend(GroupedBackend):
         self._cpus_option = validate.check_cpus(options.get("cpus", "auto"))
         self._ctx = multiprocessing.get_context(START_METHOD)
         if START_METHOD == "forkserver":
-            self._ctx.set_forkserver_preload([_worker.__name__])
+            self._ctx.set_forkserver_preload([child.__name__])
         self._usable = validate.usable_cpus()
         self._seq = 0
         self._requests: dict[int, Request] = {}
@@ -280,7 +280,7 @@ class ProcessBackend(GroupedBackend):
         shared = SharedFile(self._buffer.fd)
         try:
             process = self._ctx.Process(  # type: ignore[attr-defined]
-                target=_worker.main,
+                target=child.main,
                 args=(child_requests, child_replies, shared, payload, group.start),
                 name=f"aiovec-worker-{group.start}",
                 daemon=True,
