@@ -26,7 +26,7 @@ import ray
 
 from aiovec._core.layout import StepLayout
 from aiovec._core.ops import CallOp
-from aiovec.backends._host.envs import build_flow, drive, gather_outcomes
+from aiovec.backends._host.envs import GroupFlow, build_flow, drive, gather_outcomes
 from aiovec.backends._host.jobs import Body
 from aiovec.backends._host.worker import Worker
 from aiovec.backends._messages import (
@@ -152,19 +152,12 @@ class GroupActor:
         self.newest = max(self.newest, seq)
         try:
             flow = worker.handle(request)
-            if flow is not None:
-                started = False
-                try:
-                    coros = next(flow)
-                    while True:
-                        if not started:
-                            started = self._started(worker, seq)
-                        while not parts.empty():  # a sync env's part: sent before the next
-                            yield parts.get_nowait()
-                        coros = flow.send(await gather_outcomes(coros) if coros else [])
-                except StopIteration:
-                    pass
-            self._started(worker, seq)
+            coros = _advance(flow, None)
+            self._started(worker, seq)  # its async envs' calls are tasks now
+            while coros is not None:  # a pause, or coroutines to await
+                while not parts.empty():  # a sync env's part: sent before the next runs
+                    yield parts.get_nowait()
+                coros = _advance(flow, await gather_outcomes(coros) if coros else [])
             while True:
                 body = await parts.get()
                 yield body
@@ -173,9 +166,18 @@ class GroupActor:
         finally:
             del self.waiting[seq]
 
-    def _started(self, worker: Worker, seq: int) -> bool:
+    def _started(self, worker: Worker, seq: int) -> None:
         """Call ``seq``'s async envs are tasks now: cancel those whose cancel came first."""
         cancelled = self.early.pop(seq, None)
         if cancelled:
             worker.handle(Cancel(seq, cancelled))
-        return True
+
+
+def _advance(flow: GroupFlow[None] | None, results: list[Any] | None) -> list[Any] | None:
+    """Start ``flow`` (``results`` None) or send it ``results``; what it yields (None: it ended)."""
+    if flow is None:
+        return None
+    try:
+        return next(flow) if results is None else flow.send(results)
+    except StopIteration:
+        return None
