@@ -100,7 +100,11 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 import aiovec
 from aiovec._core.layout import StepLayout
-from aiovec.backends import _grouped, _worker
+from aiovec.backends import _grouped
+from aiovec.backends._host.child import Loop
+from aiovec.backends._host.envs import Envs, build_flow, run
+from aiovec.backends._host.worker import Worker
+from aiovec.backends._messages import StepRequest
 from aiovec.testing import TrivialEnv
 
 SYNC, ASYNC, PROCESS = "gymnasium SyncVectorEnv", "gymnasium AsyncVectorEnv", "aiovec process W=2"
@@ -349,23 +353,40 @@ def _group_server(
     """
     for fd in inherited:
         os.close(fd)
-    served = _worker.Group([make] * len(group), group.start)
-    served.use_buffer(layout, buffer, group.start)
-    for j, env in enumerate(served.envs):
+    loop = Loop()
+    envs = run(build_flow([make] * len(group), group.start), loop)
+    assert isinstance(envs, Envs)
+    served = Worker(envs, _Discard(), loop)
+    served.rows.use(layout, buffer, group.start)
+    for j, env in enumerate(envs.envs):
         env.reset(seed=group.start + j)
     pieces = _grouped.split(len(group), parts)
+    seq = 0
     while data := os.read(requests, 1):
-        served.step(pieces[data[0]], "NextStep", None, None)
+        seq += 1
+        flow = served.handle(StepRequest(seq, pieces[data[0]], "NextStep", None, None))
+        if flow is not None:
+            run(flow, loop)
         os.write(replies, data)
+
+
+class _Discard:
+    """A worker's sink that drops its replies (the byte echoed says the step is done)."""
+
+    def reply(self, seq: int, body: Any) -> None:
+        """Drop the reply."""
+
+    def clean(self, seq: int) -> None:
+        """Drop the lean reply."""
 
 
 class GroupServers:
     """Worker processes running aiovec's worker code, for a minimal parent to drive.
 
-    Each of ``workers`` processes holds a `_worker.Group` of its share of
+    Each of ``workers`` processes holds a `Worker` of its share of
     ``num_envs`` envs, cut into ``parts`` parts of contiguous rows of one shared
     buffer.  A byte ``k`` on a worker's request pipe steps its part ``k``
-    (``Group.step``: actions and reset flags read from the buffer, transitions
+    (a `StepRequest`: actions and reset flags read from the buffer, transitions
     written to it); the worker echoes the byte on its reply pipe once done.  No
     rules, no checks, no event loop: what is left of a step is the envs, aiovec's
     worker code and the pipes.
@@ -432,7 +453,7 @@ class GroupServers:
 def minimal_parent(case: Case, steps: int) -> float:
     """Wall us per step of the same two worker groups driven by a minimal parent.
 
-    The workers are `GroupServers` (aiovec's own worker code, ``Group.step``
+    The workers are `GroupServers` (aiovec's own worker code, a `Worker`'s step
     on its rows of a shared buffer); the parent only writes the actions and
     reset flags, pokes each worker with a byte, waits for both and copies
     observations and rewards out: no rules, no checks, no event loop.  The gap

@@ -19,8 +19,11 @@ from gymnasium import spaces
 import aiovec
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._runner import Runner
-from aiovec.backends import _grouped, _messages, _wire, _worker
+from aiovec.backends import _grouped, _messages, _wire
 from aiovec.backends import process as process_backend
+from aiovec.backends._host import child
+from aiovec.backends._host.envs import Envs, build_flow, run
+from aiovec.backends._host.worker import Worker
 from aiovec.backends._process import lean as _lean
 from aiovec.backends._process import reactor as _reactor
 from aiovec.testing import SpaceEnv
@@ -535,13 +538,58 @@ def test_an_env_that_fails_after_a_lean_step_is_timed_from_its_own_start() -> No
         assert all(seconds < 0.9 for seconds in last), last
 
 
-def _group(fns: list[Any]) -> tuple[_worker.Group, StepArrays]:
-    group = _worker.Group(fns, 0)
-    layout = StepLayout.of(*group.spaces, len(fns))
-    assert layout is not None
-    group.use_buffer(layout, mmap.mmap(-1, layout.nbytes), 0)
-    assert group.arrays is not None
-    return group, group.arrays
+class _Replies:
+    """A worker's sink that keeps its replies: ``(seq, body)``, ``(seq, None)`` if lean."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[int, Any]] = []
+
+    def reply(self, seq: int, body: Any) -> None:
+        self.replies.append((seq, body))
+
+    def clean(self, seq: int) -> None:
+        self.replies.append((seq, None))
+
+
+class _Hosted:
+    """A worker hosted in this process, on rows of its own from row 0."""
+
+    def __init__(self, fns: list[Any], first: int = 0, sink: Any = None) -> None:
+        self.loop = child.Loop()
+        envs = run(build_flow(fns, first), self.loop)
+        assert isinstance(envs, Envs)
+        self.sink = _Replies() if sink is None else sink
+        self.worker = Worker(envs, self.sink, self.loop)
+        self.envs = envs.envs
+        layout = StepLayout.of(*envs.spaces, len(fns))
+        assert layout is not None
+        self.worker.rows.use(layout, mmap.mmap(-1, layout.nbytes), 0)
+        assert self.worker.rows.arrays is not None
+        self.arrays: StepArrays = self.worker.rows.arrays
+
+    def handle(self, request: Any) -> None:
+        """Hand ``request`` to the worker; run it and its calls on the loop to their end."""
+        flow = self.worker.handle(request)
+        if flow is not None:
+            run(flow, self.loop)
+        if self.worker.jobs.running:
+            loop = self.loop()
+            loop.run_until_complete(self.worker.jobs.until(loop.create_future()))
+
+    def step(self, seq: int, *args: Any) -> _messages.StepReply:
+        """Step (a `StepRequest`'s fields after ``seq``): its parts, as one reply."""
+        self.sink.replies.clear()
+        self.handle(_messages.StepRequest(seq, *args))
+        reply = _messages.StepReply({}, {}, {}, {})
+        for got, part in self.sink.replies:
+            assert got == seq
+            for name in ("errors", "infos", "finals", "odd"):
+                getattr(reply, name).update(getattr(part, name))
+        return reply
+
+    def close(self) -> None:
+        self.worker.jobs.close()
+        self.loop.close()
 
 
 @pytest.mark.parametrize("mode", list(_messages.MODES))
@@ -563,33 +611,29 @@ def test_the_lean_messages_are_framed_like_any_message(mode: str) -> None:
 
 def test_a_group_reads_its_actions_and_resets_from_its_own_rows() -> None:
     # Envs 5-7 in a buffer of their own (as a ray actor has): rows 0-2, not 5-7.
-    group = _worker.Group([Odd] * 3, 5)
-    layout = StepLayout.of(*group.spaces, 3)
-    assert layout is not None
-    group.use_buffer(layout, mmap.mmap(-1, layout.nbytes), 0)
-    arrays = group.arrays
-    assert arrays is not None
-    for j, env in enumerate(group.envs):
+    hosted = _Hosted([Odd] * 3, 5)
+    arrays = hosted.arrays
+    for j, env in enumerate(hosted.envs):
         env.reset(seed=j)
     arrays.actions[:] = [1, 0, 1]
     arrays.resets[:] = [False, True, False]
-    group.step(range(3), "NextStep", None, None)
+    hosted.step(1, range(3), "NextStep", None, None)
     np.testing.assert_array_equal(arrays.observations[:, 0], [2.0, 0.0, 2.0])
     np.testing.assert_array_equal(arrays.rewards, [1.0, 0.0, 1.0])
 
 
 def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
-    group, arrays = _group([Odd] * 3)
-    for j, env in enumerate(group.envs):
-        env.reset(seed=j)
     read, write = os.pipe()
     try:
+        hosted = _Hosted([Odd] * 3, sink=child.PipeSink(write))
+        arrays = hosted.arrays
+        for j, env in enumerate(hosted.envs):
+            env.reset(seed=j)
         replies = []
         for seq in (7, 8):  # Odd's info is {"t": t} on odd steps only
             arrays.actions[:] = [0, 1, 0]
             arrays.resets[:] = False
-            group.out = write
-            group._step(seq, range(3), "NextStep", None, None, False, lean=True)
+            hosted.handle(_messages.LeanStep(seq, "NextStep"))
             (payload,) = _wire.Frames().feed(os.read(read, 1 << 16))
             replies.append(payload)
     finally:
@@ -599,10 +643,10 @@ def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
     assert first[0] != _messages.LEAN
     reply = pickle.loads(first)
     assert isinstance(reply, _messages.Reply)
-    assert isinstance(reply.body, _messages.StepReply)
-    errors, infos, finals, odd, _, part = reply.body
-    assert (reply.seq, errors, finals, odd, part) == (7, {}, {}, {}, None)
-    assert infos == {j: {"t": 1} for j in range(3)}
+    body = reply.body
+    assert isinstance(body, _messages.StepReply)
+    assert (reply.seq, body.errors, body.finals, body.odd, body.envs) == (7, {}, {}, {}, None)
+    assert body.infos == {j: {"t": 1} for j in range(3)}
     assert second[0] == _messages.LEAN
     assert _messages.LeanReply.parse(second).seq == 8
     np.testing.assert_array_equal(arrays.observations[:, 0], [2.0, 3.0, 2.0])
@@ -648,24 +692,53 @@ class OddOrFails(Odd):
 def test_results_written_together_are_those_written_one_by_one(
     fns: list[Any], kinds: list[str]
 ) -> None:
-    together, one_by_one = _group(fns), _group(fns)
-    one_by_one[0]._bulk = None  # every transition through the per-env writer
+    together, one_by_one = _Hosted(fns), _Hosted(fns)
+    one_by_one.worker.rows._bulk = None  # every transition through the per-env writer
     replies = []
-    for group, arrays in (together, one_by_one):
-        for j, env in enumerate(group.envs):
+    for hosted in (together, one_by_one):
+        for j, env in enumerate(hosted.envs):
             inner = getattr(env, "env", env)
             inner.reset(seed=j)
             inner.kind = kinds[j]
         for step in range(3):
-            arrays.observations[:] = -1.0  # nothing left from the last step
-            reply = group.step(range(4), "NextStep", [False] * 4, [step % 2, 1, 0, 1])
-            errors, infos, finals, odd, *_ = reply
-            replies.append(({j: type(e) for j, e in errors.items()}, infos, finals, set(odd)))
-        group.close()
+            hosted.arrays.observations[:] = -1.0  # nothing left from the last step
+            reply = hosted.step(step, range(4), "NextStep", [False] * 4, [step % 2, 1, 0, 1])
+            errors = {j: type(e) for j, e in reply.errors.items()}
+            replies.append((errors, reply.infos, reply.finals, set(reply.odd)))
+        hosted.close()
     half = len(replies) // 2
     assert replies[:half] == replies[half:]
     for name in ("observations", "rewards", "terminations", "truncations"):
-        np.testing.assert_array_equal(getattr(together[1], name), getattr(one_by_one[1], name))
+        np.testing.assert_array_equal(
+            getattr(together.arrays, name), getattr(one_by_one.arrays, name)
+        )
+
+
+def test_without_an_alarm_a_streamed_step_pauses_after_each_sync_env() -> None:
+    # A Ray actor's worker: no alarm cuts a run of sync envs, so each env's part
+    # is published as it ends and the flow pauses for it to be sent on.
+    hosted = _Hosted([Odd] * 3)
+    for j, env in enumerate(hosted.envs):
+        env.reset(seed=j)
+    request = _messages.StepRequest(1, range(3), "NextStep", [False] * 3, [0, 1, 0], True)
+    flow = hosted.worker.handle(request)
+    assert flow is not None
+    seen = []
+    for coros in flow:
+        assert coros == []  # a pause, nothing to await
+        seen.append([body.envs for _, body in hosted.sink.replies])
+    assert seen == [[[0]], [[0], [1]]]
+    (_, last) = hosted.sink.replies[-1]
+    assert last.envs is None
+    assert set(last.infos) == {2}
+    hosted.close()
+
+
+def test_a_worker_leaves_stop_to_its_transport() -> None:
+    hosted = _Hosted([Odd])
+    with pytest.raises(TypeError, match=r"a worker cannot handle Stop\(\)"):
+        hosted.worker.handle(_messages.Stop())
+    hosted.close()
 
 
 def test_actions_are_split_per_env_only_when_read() -> None:

@@ -503,7 +503,7 @@ def _gated(gate: Any, hang: bool) -> Any:
 @pytest.mark.timeout(30)
 @pytest.mark.asyncio
 async def test_an_actor_cancels_a_call_whose_cancel_came_before_it(tmp_path):
-    """`_GroupActor` run on this loop (its methods are what Ray calls).
+    """`GroupActor` run on this loop (its methods are what Ray calls).
 
     A cancel that overtakes its call cancels the call as it starts (a step, a
     streamed step); one naming a call already over does nothing to later calls.
@@ -512,11 +512,11 @@ async def test_an_actor_cancels_a_call_whose_cancel_came_before_it(tmp_path):
     import cloudpickle
 
     from aiovec.backends._messages import StepRequest
-    from aiovec.backends.ray import _GroupActor
+    from aiovec.backends._ray_actor import GroupActor
 
     gate = Gate(tmp_path)
     fns = [functools.partial(_gated, gate, True), functools.partial(_gated, gate, False)]
-    actor = _GroupActor()
+    actor = GroupActor()
     try:
         ready = await actor.load(cloudpickle.dumps(fns), 0)
         assert ready.asyncs == (True, True)
@@ -532,6 +532,6 @@ async def test_an_actor_cancels_a_call_whose_cancel_came_before_it(tmp_path):
         parts = [part async for part in actor.step_stream(streamed)]
         assert set(parts[-1].errors) == {0}
         assert not actor.early  # nothing kept once the calls are over
-        assert not actor.parts
+        assert not actor.waiting
     finally:
         gate.release()

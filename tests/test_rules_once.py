@@ -131,3 +131,20 @@ def test_backends_close_envs_only_through_drive() -> None:
 
     closers = {m for m in _where(closes_an_env) if m.startswith("backends/")}
     assert closers - PENDING["env closes"] == {"backends/_drive.py"}
+
+
+def test_a_worker_writes_its_replies_only_through_its_sink() -> None:
+    """On the worker's side only the process sink (`_host/child.py`) writes to a pipe.
+
+    The job code emits every reply through its sink; it once also wrote lean
+    replies and published parts to the pipe itself, past the sink a Ray actor set.
+    """
+
+    def writes_to_a_pipe(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        called = ast.unparse(node.func)
+        return called in {"write_all", "os.write"} or called.endswith(".write_all")
+
+    writers = _where(writes_to_a_pipe)
+    assert {m for m in writers if m.startswith("backends/_host/")} == {"backends/_host/child.py"}

@@ -28,7 +28,7 @@ from faults.scenarios import Once
 import aiovec
 from aiovec._core.calls import RENDER
 from aiovec._core.ops import CallOp
-from aiovec.backends import _worker
+from aiovec.backends._host import child
 from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
 
 N = 4  # on 2 workers: envs 0-1 and 2-3
@@ -368,7 +368,7 @@ def test_a_worker_runs_its_envs_on_uvloop_where_it_is_installed():
     uvloop = pytest.importorskip(
         "uvloop", reason='needs the "uvloop" extra: pip install "aiovec[uvloop]"'
     )
-    loop = _worker._new_loop()
+    loop = child.new_loop()
     try:
         assert isinstance(loop, uvloop.Loop)
     finally:

@@ -1,7 +1,7 @@
 """``backend="process"``: CPU-bound envs in worker processes, several envs per worker.
 
 Theory of operation.  The envs are split into W contiguous groups, one per
-worker process (``_worker.py``), which builds its group from cloudpickled
+worker process (``_host/child.py``), which builds its group from cloudpickled
 factories.  What envs grouped on workers mean (who owns an env, cancel, a
 worker's death, lost envs, rebuild, close) is `GroupedBackend`'s
 (``_grouped.py``).  This module assembles the transport from three parts in
@@ -52,9 +52,9 @@ from aiovec._core import validate
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import Op, StepOp
 from aiovec._core.rows import StepBlock
-from aiovec.backends import _worker
 from aiovec.backends._base import EnvTraits
 from aiovec.backends._grouped import GroupedBackend, close_op
+from aiovec.backends._host import child
 from aiovec.backends._messages import (
     CLEAN_STEP,
     LEAN,
@@ -112,7 +112,7 @@ class ProcessBackend(GroupedBackend):
         self._method = START_METHOD
         self._ctx = multiprocessing.get_context(self._method)
         if self._method == "forkserver":
-            self._ctx.set_forkserver_preload([_worker.__name__])
+            self._ctx.set_forkserver_preload([child.__name__])
         self._usable = validate.usable_cpus()
         self._seq = 0
         self._lean = LeanSteps()

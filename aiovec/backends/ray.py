@@ -4,23 +4,22 @@ Theory of operation.  The envs are split into W contiguous groups, one per Ray
 actor.  What envs grouped on workers mean (who owns an env, cancel, a worker's
 death, lost envs, rebuild, close) is `GroupedBackend`'s (``_grouped.py``), as
 for the process backend; this module is the transport: actors and object
-refs.  An actor starts empty; once
+refs.  An actor (`GroupActor`, ``_ray_actor.py``) starts empty; once
 Ray has placed it (a wait bounded by ``placement_timeout``), its ``load`` call
-builds its group from the cloudpickled factories into a `Group`, the very object
-a worker process hosts, and it runs every request through the
-group's flows (``step_flow``, ``call_flow``, ``rebuild_flow``): the per-env
-rules (autoreset, errors as values) are written once, in the core, and driven
-here.  The actor is an async actor that takes many calls at once: its sync
-envs still run one at a time (on its event loop, which they hold while they
-run), and the calls of its async envs run as tasks on that loop, so that a
-`_GroupActor.cancel` (a timeout, a Ctrl-C, ``close()``) can cancel one env's
-call while the others go on.  Each call carries the parent's request number:
-a cancel that overtakes its call is kept until the call starts.  A whole step
-or a call is answered once, for all its envs; a streamed step (``send()``),
-and a whole step under a ``step_timeout``, in parts, as they end (a whole
-step's parent holds its sync envs' parts until the last: see
-`WorkTable.track`), so that a deadline blames the env that did not answer
-and keeps the results of those that did.
+builds its group from the cloudpickled factories into a `Worker`
+(``_host/``), the very object a worker process serves, and hands every
+request to the same dispatch: the per-env rules (autoreset, errors as values)
+are written once, in the core, and driven there.  The actor is an async actor
+that takes many calls at once: its sync envs still run one at a time (on its
+event loop, which they hold while they run), and the calls of its async envs
+run as tasks on that loop, so that a `GroupActor.cancel` (a timeout, a Ctrl-C,
+``close()``) can cancel one env's call while the others go on.  Each call
+carries the parent's request number: a cancel that overtakes its call is kept
+until the call starts.  A whole step or a call is answered once, for all its
+envs; a streamed step (``send()``), and a whole step under a
+``step_timeout``, in parts, as they end (a whole step's parent holds its sync
+envs' parts until the last: see `WorkTable.track`), so that a deadline
+blames the env that did not answer and keeps the results of those that did.
 
 ``launch`` makes one remote call per actor hosting some of the envs, and turns
 each returned object ref into an asyncio future (``ObjectRef.future`` through
@@ -52,32 +51,30 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar
 
 import cloudpickle
-import numpy as np
 import ray
 import ray.exceptions
 
 from aiovec._core import validate
 from aiovec._core.layout import StepArrays, StepLayout, copy_rows
-from aiovec._core.ops import CallOp, Op, StepOp
+from aiovec._core.ops import Op, StepOp
 from aiovec._errors import WorkerDiedError
 from aiovec.backends import _drive as drive
 from aiovec.backends._base import EnvTraits
 from aiovec.backends._grouped import GroupedBackend, close_op, ready_traits
 from aiovec.backends._messages import (
-    CallReply,
     Failed,
     Ready,
     RebuildReply,
     StepReply,
     StepRequest,
 )
+from aiovec.backends._ray_actor import GroupActor
 from aiovec.backends._table import Request
-from aiovec.backends._worker import Group, GroupFlow, _BuildFailed, build_flow, gather_outcomes
 
 __all__ = ("ACTOR_OPTIONS", "ActorPool", "RayBackend")
 
@@ -113,180 +110,8 @@ _RAISED = ray.exceptions.RayTaskError  # ... unless the call itself raised (not 
 T = TypeVar("T")
 
 
-async def _drive(flow: GroupFlow[T]) -> T:
-    """Run a group request's flow, awaiting its async envs on this (the actor's) loop."""
-    try:
-        coros = next(flow)
-        while True:
-            coros = flow.send(await gather_outcomes(coros))
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-
-
-class _GroupActor:
-    """The Ray actor hosting one group of envs (an async actor: envs may be async).
-
-    It starts empty: `placed` answers once Ray has placed it and its process
-    runs, and `load` builds a group in it (again for each vector env that takes
-    it from an `ActorPool`).
-    """
-
-    def __init__(self) -> None:
-        self.group: Group | None = None
-        self.raw: np.ndarray | None = None  # the group's step arrays, as bytes
-        self.failed = Failed(0, RuntimeError("no group loaded"), False)
-        self._forget_calls()
-
-    def _forget_calls(self) -> None:
-        """No call of async envs running, none cancelled ahead (a new actor, or a new group)."""
-        self.parts: dict[int, asyncio.Queue[StepReply | CallReply]] = {}  # by request number
-        self.early: dict[int, list[int]] = {}  # cancels of calls not started yet
-        self.newest = 0  # the number of the newest call started
-
-    async def placed(self) -> None:
-        """Answers once the actor runs (for a bounded wait on its placement)."""
-
-    async def load(self, factories: bytes, first: int) -> Ready | Failed:
-        """Build the group of envs ``factories`` (the first is env ``first``); as `ready`."""
-        self.group = self.raw = None
-        self._forget_calls()  # a pooled actor: the new vector env numbers its calls anew
-        try:
-            fns = cloudpickle.loads(factories)  # built on this loop (the factory rule)
-            self.group = Group(fns, first, envs=await _drive(build_flow(fns, first)))
-        except _BuildFailed as failed:
-            self.failed = failed.reply()
-            return self.failed
-        observation_space, action_space = self.group.spaces
-        layout = StepLayout.of(observation_space, action_space, len(self.group.envs))
-        if layout is not None:
-            self.raw = np.zeros(layout.nbytes, dtype=np.uint8)
-            self.group.use_buffer(layout, self.raw.data, 0)
-        return await self.ready()
-
-    async def ready(self) -> Ready | Failed:
-        """The group's traits and this actor's node, or why the group could not be built."""
-        if self.group is None:
-            return self.failed
-        node = ray.get_runtime_context().get_node_id()
-        return Ready(self.group.traits(), node, self.group.asyncs())
-
-    # A call of async envs runs them as tasks on this loop (`Group.step_parts`,
-    # `Group.call_jobs`), so that `cancel`, which Ray runs beside it (the actor
-    # takes many calls at once; sync envs still run one at a time, as the loop
-    # does), can cancel one env's. Each call has the parent's request number.
-
-    def _start(self, seq: int) -> tuple[Group, asyncio.Queue[StepReply | CallReply]]:
-        """Call ``seq`` starts: where its group publishes its parts."""
-        group = self.group
-        assert group is not None
-        group.loop = asyncio.get_running_loop()
-        group.emit = self._emit
-        parts = self.parts[seq] = asyncio.Queue()
-        self.newest = max(self.newest, seq)
-        return group, parts
-
-    def _emit(self, seq: int, body: StepReply | CallReply) -> None:
-        parts = self.parts.get(seq)
-        if parts is not None:
-            parts.put_nowait(body)
-
-    def _started(self, group: Group, seq: int) -> None:
-        """Call ``seq``'s async envs are tasks now: cancel those whose cancel came first."""
-        cancelled = self.early.pop(seq, None)
-        if cancelled:
-            group.cancel(cancelled)
-
-    async def cancel(self, seq: int, locals_: list[int]) -> None:
-        """Cancel the calls of async envs ``locals_`` in call ``seq`` (when it starts, if not yet).
-
-        A call already over is left alone: its reply is on its way.
-        """
-        group = self.group
-        if seq in self.parts and group is not None:
-            group.cancel(locals_)
-        elif seq > self.newest:
-            self.early.setdefault(seq, []).extend(locals_)
-
-    async def step(self, request: StepRequest) -> StepReply:
-        """A whole step: one reply, whatever the order its envs finish in."""
-        group = self.group
-        assert group is not None
-        seq, locals_, mode, reset_first, actions, *_ = request
-        if not group.any_async(locals_):
-            reply = await _drive(group.step_flow(locals_, mode, reset_first, actions))
-            return reply._replace(rows=self.raw)
-        group, parts = self._start(seq)
-        try:
-            for _ in group.step_parts(*request):
-                pass
-            self._started(group, seq)
-            errors: dict[int, BaseException] = {}
-            infos: dict[int, dict[str, Any]] = {}
-            finals: dict[int, dict[str, Any]] = {}
-            odd: dict[int, Any] = {}
-            while True:  # the parts it published as envs ended, as one reply
-                part = await parts.get()
-                assert isinstance(part, StepReply)
-                errors.update(part.errors)
-                infos.update(part.infos)
-                finals.update(part.finals)
-                odd.update(part.odd)
-                if part.envs is None:
-                    return StepReply(errors, infos, finals, odd, rows=self.raw)
-        finally:
-            del self.parts[seq]
-
-    async def step_stream(self, request: StepRequest) -> AsyncIterator[StepReply]:
-        """A streamed step (``send()``): a part as envs finish, the last covering the rest.
-
-        The group publishes each sync env's result as it ends and its async envs'
-        as they end (tasks on this loop); each part carries the step rows.
-        """
-        group, parts = self._start(request.seq)
-        try:
-            first = True
-            for _ in group.step_parts(*request):
-                if first:
-                    self._started(group, request.seq)
-                    first = False
-                while not parts.empty():  # a sync env's part: sent before the next one runs
-                    yield self._with_rows(cast(StepReply, parts.get_nowait()))
-            self._started(group, request.seq)
-            while True:
-                part = cast(StepReply, await parts.get())
-                yield self._with_rows(part)
-                if part.envs is None:
-                    return
-        finally:
-            del self.parts[request.seq]
-
-    def _with_rows(self, part: StepReply) -> StepReply:
-        return part._replace(rows=None if self.raw is None else self.raw.copy())
-
-    async def call(self, seq: int, locals_: Sequence[int], op: CallOp) -> CallReply:
-        group = self.group
-        assert group is not None
-        if not group.any_async(locals_):
-            return CallReply(await _drive(group.call_flow(locals_, op)))
-        group, parts = self._start(seq)
-        try:
-            group.call_jobs(seq, locals_, op)
-            self._started(group, seq)
-            return cast(CallReply, await parts.get())
-        finally:
-            del self.parts[seq]
-
-    async def rebuild(self, locals_: Sequence[int]) -> RebuildReply:
-        group = self.group
-        assert group is not None
-        await group.settled(locals_)  # cancelled calls of these envs unwind first
-        errors = await _drive(group.rebuild_flow(locals_))
-        return RebuildReply(errors, {j: group.is_async[j] for j in locals_})
-
-
-# Many calls at once (see `_GroupActor.cancel`); an async actor's default is 1000.
-_RemoteGroup = ray.remote(max_restarts=0, max_concurrency=1000)(_GroupActor)
+# Many calls at once (see `GroupActor.cancel`); an async actor's default is 1000.
+_RemoteGroup = ray.remote(max_restarts=0, max_concurrency=1000)(GroupActor)
 
 
 class ActorPool:
@@ -473,7 +298,7 @@ class RayBackend(GroupedBackend):
         """An actor for ``group`` (``idle``: one from the pool) loading its envs.
 
         Returns the actor, the ref that answers once it is placed (``None`` for an
-        idle one: placed long ago), and the ref of its `_GroupActor.load` reply.
+        idle one: placed long ago), and the ref of its `GroupActor.load` reply.
         """
         try:
             payload = cloudpickle.dumps([self._fns[i] for i in group])

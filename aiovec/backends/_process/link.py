@@ -26,9 +26,9 @@ import cloudpickle
 
 from aiovec._core.ops import CallOp, Op
 from aiovec._errors import WorkerDiedError
-from aiovec.backends import _worker
 from aiovec.backends._base import EnvTraits
 from aiovec.backends._grouped import ready_traits
+from aiovec.backends._host import child
 from aiovec.backends._messages import Call, LeanStep, Reply, StepRequest, Stop
 from aiovec.backends._wire import READ_SIZE, Frames, SharedFile, frame
 
@@ -179,7 +179,7 @@ def start(ctx: Any, fns: Sequence[Any], group: range, shared: int, cpu: int | No
     replies, child_replies = ctx.Pipe(duplex=False)
     try:
         process = ctx.Process(
-            target=_worker.main,
+            target=child.main,
             args=(child_requests, child_replies, SharedFile(shared), payload, group.start),
             name=f"aiovec-worker-{group.start}",
             daemon=True,
