@@ -409,8 +409,7 @@ class ProcessBackend(GroupedBackend):
         done = len(self._results) + len(self._errors)
         if self._slots is None and self._wanted >= len(self.pending) + done:
             newest = self.table.newest()
-            if newest is not None:
-                return (newest,)
+            return self.workers if newest is None else (newest,)
         return self.workers
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
