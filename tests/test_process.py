@@ -17,7 +17,9 @@ import pytest
 from gymnasium import spaces
 
 import aiovec
+from aiovec._core.calls import GetAttr
 from aiovec._core.layout import StepArrays, StepLayout
+from aiovec._core.ops import CallOp
 from aiovec._runner import Runner
 from aiovec.backends import _grouped, _messages, _wire
 from aiovec.backends import process as process_backend
@@ -966,4 +968,32 @@ def test_ctrl_c_between_two_workers_requests_leaves_the_unwritten_one_out(
         venv.step(actions)
     assert "replacing" not in caplog.text
     assert "killing" not in caplog.text
+    assert not _children()
+
+
+def test_a_request_to_a_dead_worker_is_failed_by_the_wait_not_by_the_write() -> None:
+    """Writing never reads: a request whose pipe is broken delivers no outcome from
+    inside ``launch`` (where it would land among other requests being written); the
+    worker's sentinel tells the wait, which fails its envs with ``WorkerDiedError``."""
+    with aiovec.BlockingVectorEnv([_cartpole] * 4, backend="process", num_workers=2) as venv:
+        venv.reset(seed=0)
+        backend = _backend_of(venv)
+        dead = backend.workers[0]
+        dead.process.kill()
+        dead.process.join(10)
+
+        async def launch_then_wait() -> tuple[Any, Any]:
+            backend.launch(range(4), CallOp([GetAttr("metadata")] * 4, "get_attr"))
+            during = backend.take()
+            return during, await backend.collect(4)
+
+        (results, errors), (_, after) = venv._runner.run(launch_then_wait())
+        assert not errors  # nothing delivered by the writes
+        assert not results
+        assert sorted(after) == list(dead.group)
+        assert all(isinstance(error, aiovec.WorkerDiedError) for error in after.values())
+        with pytest.raises(aiovec.WorkerDiedError):
+            venv.step(venv.action_space.sample())
+        venv.reset(seed=1)  # a new worker for the group
+        venv.step(venv.action_space.sample())
     assert not _children()
