@@ -9,6 +9,7 @@ import os
 import pickle
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium
@@ -611,9 +612,25 @@ def test_the_lean_messages_are_framed_like_any_message(mode: str) -> None:
     assert _messages.LeanReply.parse(payload) == reply
 
 
-def test_a_group_reads_its_actions_and_resets_from_its_own_rows() -> None:
+@pytest.fixture
+def hosting() -> Iterator[Callable[..., _Hosted]]:
+    """Makes `_Hosted` workers, and closes their loops after the test."""
+    made: list[_Hosted] = []
+
+    def make(*args: Any, **kwargs: Any) -> _Hosted:
+        made.append(_Hosted(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for hosted in made:
+        hosted.close()
+
+
+def test_a_group_reads_its_actions_and_resets_from_its_own_rows(
+    hosting: Callable[..., _Hosted],
+) -> None:
     # Envs 5-7 in a buffer of their own (as a ray actor has): rows 0-2, not 5-7.
-    hosted = _Hosted([Odd] * 3, 5)
+    hosted = hosting([Odd] * 3, 5)
     arrays = hosted.arrays
     for j, env in enumerate(hosted.envs):
         env.reset(seed=j)
@@ -624,10 +641,12 @@ def test_a_group_reads_its_actions_and_resets_from_its_own_rows() -> None:
     np.testing.assert_array_equal(arrays.rewards, [1.0, 0.0, 1.0])
 
 
-def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled() -> None:
+def test_the_lean_reply_says_nothing_and_a_step_with_infos_is_pickled(
+    hosting: Callable[..., _Hosted],
+) -> None:
     read, write = os.pipe()
     try:
-        hosted = _Hosted([Odd] * 3, sink=child.PipeSink(write))
+        hosted = hosting([Odd] * 3, sink=child.PipeSink(write))
         arrays = hosted.arrays
         for j, env in enumerate(hosted.envs):
             env.reset(seed=j)
@@ -692,9 +711,9 @@ class OddOrFails(Odd):
     ],
 )
 def test_results_written_together_are_those_written_one_by_one(
-    fns: list[Any], kinds: list[str]
+    fns: list[Any], kinds: list[str], hosting: Callable[..., _Hosted]
 ) -> None:
-    together, one_by_one = _Hosted(fns), _Hosted(fns)
+    together, one_by_one = hosting(fns), hosting(fns)
     one_by_one.worker.rows._bulk = None  # every transition through the per-env writer
     replies = []
     for hosted in (together, one_by_one):
@@ -716,10 +735,12 @@ def test_results_written_together_are_those_written_one_by_one(
         )
 
 
-def test_without_an_alarm_a_streamed_step_pauses_after_each_sync_env() -> None:
+def test_without_an_alarm_a_streamed_step_pauses_after_each_sync_env(
+    hosting: Callable[..., _Hosted],
+) -> None:
     # A Ray actor's worker: no alarm cuts a run of sync envs, so each env's part
     # is published as it ends and the flow pauses for it to be sent on.
-    hosted = _Hosted([Odd] * 3)
+    hosted = hosting([Odd] * 3)
     for j, env in enumerate(hosted.envs):
         env.reset(seed=j)
     request = _messages.StepRequest(1, range(3), "NextStep", [False] * 3, [0, 1, 0], True)
@@ -736,8 +757,8 @@ def test_without_an_alarm_a_streamed_step_pauses_after_each_sync_env() -> None:
     hosted.close()
 
 
-def test_a_worker_leaves_stop_to_its_transport() -> None:
-    hosted = _Hosted([Odd])
+def test_a_worker_leaves_stop_to_its_transport(hosting: Callable[..., _Hosted]) -> None:
+    hosted = hosting([Odd])
     with pytest.raises(TypeError, match=r"a worker cannot handle Stop\(\)"):
         hosted.worker.handle(_messages.Stop())
     hosted.close()
