@@ -18,7 +18,7 @@ import pytest
 from gymnasium import spaces
 
 import aiovec
-from aiovec._core.calls import GetAttr
+from aiovec._core.calls import GetAttr, Reset
 from aiovec._core.layout import StepArrays, StepLayout
 from aiovec._core.ops import CallOp
 from aiovec._runner import Runner
@@ -29,7 +29,7 @@ from aiovec.backends._host.envs import Envs, build_flow, run
 from aiovec.backends._host.worker import Worker
 from aiovec.backends._process import lean as _lean
 from aiovec.backends._process import reactor as _reactor
-from aiovec.testing import SpaceEnv
+from aiovec.testing import AsyncHangingEnv, Gate, SpaceEnv
 
 START_METHODS = ["fork", "forkserver", "spawn"]
 
@@ -1018,3 +1018,36 @@ def test_a_request_to_a_dead_worker_is_failed_by_the_wait_not_by_the_write() -> 
         venv.reset(seed=1)  # a new worker for the group
         venv.step(venv.action_space.sample())
     assert not _children()
+
+
+def test_a_cancel_that_names_a_request_spares_a_later_call_of_the_env(
+    hosting: Callable[..., _Hosted], tmp_path: Any
+) -> None:
+    """A Ray actor runs its methods in no set order, so a cancel of request 1 may come
+    after the env's next call (request 2) started: it must not cancel that one.  A
+    cancel numbered 0 (the process backend's, kept in order by its pipe) cancels
+    whatever runs."""
+    gate = Gate(tmp_path)
+    cartpole = gymnasium.make("CartPole-v1")
+    hosted = hosting([lambda: AsyncHangingEnv(cartpole, gate, method="reset")])
+    env, loop = hosted.envs[0], hosted.loop()
+
+    def turn() -> None:  # a few loop iterations: tasks start, or see their cancellation
+        for _ in range(3):
+            loop.run_until_complete(asyncio.sleep(0))
+
+    hosted.worker.handle(_messages.Call(2, [0], CallOp([Reset(seed=0)], "reset")))
+    turn()  # request 2's reset waits on the gate
+    hosted.worker.handle(_messages.Cancel(1, [0]))  # a late cancel of an earlier request
+    turn()
+    assert env.cancelled == 0
+    assert hosted.sink.replies == []
+    hosted.worker.handle(_messages.Cancel(2, [0]))  # its own request's
+    turn()
+    assert env.cancelled == 1
+    hosted.worker.handle(_messages.Call(3, [0], CallOp([Reset(seed=1)], "reset")))
+    hosted.worker.handle(_messages.Cancel(0, [0]))  # numbered 0: whatever runs
+    turn()
+    replies = dict(hosted.sink.replies)
+    assert isinstance(replies[2].outcomes[0][1], asyncio.CancelledError)
+    assert isinstance(replies[3].outcomes[0][1], asyncio.CancelledError)

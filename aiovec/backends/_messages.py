@@ -84,7 +84,11 @@ class StepRequest(NamedTuple):
 
 
 class Cancel(NamedTuple):
-    """Cancel the calls in flight of the envs ``locals`` (async envs' tasks)."""
+    """Cancel the calls in flight of the envs ``locals`` (async envs' tasks).
+
+    ``seq``: only those of request ``seq``; 0 (the process backend's, whose pipe
+    keeps a cancel ahead of later requests): whatever those envs run.
+    """
 
     seq: int
     locals: Sequence[int]

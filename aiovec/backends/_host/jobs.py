@@ -122,6 +122,7 @@ class Jobs:
         self.envs, self.rows, self.sink, self.loop, self.alarm = envs, rows, sink, loop, alarm
         self.running: set[Job] = set()  # jobs with calls on the loop
         self.tasks: list[asyncio.Task[Any] | None] = [None] * len(envs.envs)  # each env's call
+        self.seqs = [0] * len(envs.envs)  # the request each env's task belongs to
         self._changed: asyncio.Future[None] | None = None  # a job ended
         self._burst: Job | None = None  # the published job whose sync envs run now
         self._armed = False  # the alarm is set
@@ -236,11 +237,17 @@ class Jobs:
             job.left -= 1
         self._progress(job)
 
-    def cancel(self, locals_: Sequence[int]) -> None:
-        """Cancel the async envs' calls in flight (each fails with CancelledError)."""
+    def cancel(self, locals_: Sequence[int], seq: int = 0) -> None:
+        """Cancel the async envs' calls in flight (each fails with CancelledError).
+
+        ``seq``: only those of request ``seq`` (0: whatever runs).  A transport
+        whose cancels may overtake later calls (a Ray actor's methods run in no
+        set order) names the request, so that a late cancel never reaches the
+        env's next call.
+        """
         for j in locals_:
             task = self.tasks[j]
-            if task is not None:
+            if task is not None and (not seq or self.seqs[j] == seq):
                 task.cancel()
 
     def in_flight(self, locals_: Sequence[int]) -> list[asyncio.Task[Any]]:
@@ -257,6 +264,7 @@ class Jobs:
         """Run env ``j``'s call ``coro`` as a task (the k-th env of ``job``)."""
         task = self.loop().create_task(coro)
         self.tasks[j] = task
+        self.seqs[j] = job.seq
         if not job.running:
             job.running = True
             self.running.add(job)

@@ -68,7 +68,7 @@ class Worker:
         if isinstance(request, Call):
             self.jobs.call(request)
         elif isinstance(request, Cancel):
-            self.jobs.cancel(request.locals)
+            self.jobs.cancel(request.locals, request.seq)
         elif isinstance(request, Rebuild):
             return self._rebuild(request)
         elif isinstance(request, Attach):
