@@ -304,7 +304,8 @@ class Flight:
             else:
                 results.update(more_results)
                 errors.update(more_errors)
-        if expired:  # the outcomes their cancellation delivered
+        if expired:  # the outcomes their cancellation delivered; nothing of theirs left running
+            await backend.settle_cancelled()
             more_results, more_errors = sent.keep(backend.take(), own)
             results.update(more_results)
             errors.update(more_errors)
