@@ -4,6 +4,7 @@ Run from the repository root::
 
     python benchmarks/calls.py                  # inline (8 TrivialEnv) and process (64 CartPole)
     python benchmarks/calls.py process --each   # also each function's calls per step
+    python benchmarks/calls.py --quick          # CI smoke test: 10 steps counted
 
 Each case builds a ``BlockingVectorEnv``, resets it, takes 20 untimed steps,
 then counts with ``sys.setprofile`` the Python calls into aiovec's own modules
@@ -43,8 +44,10 @@ def build(case: str) -> aiovec.BlockingVectorEnv:
     return aiovec.BlockingVectorEnv([_cartpole] * 64, backend="process", num_workers=2)
 
 
-def count(venv: aiovec.BlockingVectorEnv) -> collections.Counter[tuple[str, str]]:
-    """aiovec's calls over `STEPS` lock-step steps, by (file, function)."""
+def count(
+    venv: aiovec.BlockingVectorEnv, steps: int = STEPS
+) -> collections.Counter[tuple[str, str]]:
+    """aiovec's calls over ``steps`` lock-step steps, by (file, function)."""
     venv.reset(seed=0)
     venv.action_space.seed(0)
     action = venv.action_space.sample()
@@ -61,31 +64,34 @@ def count(venv: aiovec.BlockingVectorEnv) -> collections.Counter[tuple[str, str]
 
     sys.setprofile(profile)
     try:
-        for _ in range(STEPS):
+        for _ in range(steps):
             venv.step(action)
     finally:
         sys.setprofile(None)
     return calls
 
 
-def report(case: str, calls: collections.Counter[tuple[str, str]], each: bool) -> None:
+def report(
+    case: str, calls: collections.Counter[tuple[str, str]], each: bool, steps: int = STEPS
+) -> None:
     """Calls per step, in all and by file (and by function with ``each``)."""
     files: collections.Counter[str] = collections.Counter()
     for (name, _), n in calls.items():
         files[name] += n
-    total = sum(calls.values()) / STEPS
+    total = sum(calls.values()) / steps
     print(f"{case}: {total:.1f} aiovec calls per lock-step step, in {len(files)} files")
     for name, n in files.most_common():
-        print(f"  {n / STEPS:5.1f}  {name}")
+        print(f"  {n / steps:5.1f}  {name}")
     if each:
         for (name, function), n in calls.most_common():
-            print(f"    {n / STEPS:5.1f}  {name}:{function}")
+            print(f"    {n / steps:5.1f}  {name}:{function}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help="inline, process (default: both)")
     parser.add_argument("--each", action="store_true", help="also each function's calls")
+    parser.add_argument("--quick", action="store_true", help="count 10 steps (CI smoke test)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.cases) - {"inline", "process"})
     if unknown:
@@ -93,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in args.cases or ("inline", "process"):
         venv = build(case)
         try:
-            report(case, count(venv), args.each)
+            steps = 10 if args.quick else STEPS
+            report(case, count(venv, steps), args.each, steps)
         finally:
             venv.close()
     return 0
