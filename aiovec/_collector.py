@@ -256,6 +256,7 @@ class _Driver:
         self.reset_due: list[int] = []  # NEXT_STEP: ended envs whose reset row is not sent yet
         self.last_actions: Any = None
         self.mode = venv.autoreset_mode
+        self._stopping: asyncio.Future[None] | None = None
 
     def new_version(self, policy: Callable[..., Any] | None) -> int:
         if policy is not None:
@@ -467,7 +468,25 @@ class _Driver:
         self.ready.extend(ids)
 
     async def stop(self) -> None:
-        """Cancel the policy's calls and the envs' calls in flight."""
+        """Cancel the policy's calls and the envs' calls in flight (once at a time).
+
+        Several callers may stop at once: ``aclose()`` and the iterator's own
+        end, which the loop runs as a task of its own when it finalizes an
+        abandoned ``async for``.  The first does the work; the others wait
+        for it, shielded, so that a cancelled caller never cuts it short.
+        """
+        stopping = self._stopping
+        if stopping is None:
+            stopping = self._stopping = asyncio.ensure_future(self._stop())
+            stopping.add_done_callback(self._stopped)
+        await asyncio.shield(stopping)
+
+    def _stopped(self, stopping: asyncio.Future[None]) -> None:
+        self._stopping = None
+        if not stopping.cancelled():
+            stopping.exception()  # retrieved: the callers that awaited it raised it
+
+    async def _stop(self) -> None:
         for task in self.calls:
             task.cancel()
         if self.calls:

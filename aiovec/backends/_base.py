@@ -275,6 +275,10 @@ class Backend(abc.ABC):
             The outcomes that arrived since the last collect: results and
             errors by env index.
         """
+        if self._waiter is not None:  # its waiter would be replaced, and never woken
+            raise RuntimeError(
+                "Backend.collect() called while another collect() waits; one caller collects"
+            )
         self._wanted = min_done
         if not self._satisfied():
             waiter = self._waiter = asyncio.get_running_loop().create_future()
