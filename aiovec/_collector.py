@@ -4,29 +4,35 @@ Theory of operation.  One coroutine, `_Driver.next_batch`, drives the vector
 env's public ``send``/``recv`` (so ``max_concurrency``, timeouts, restarts and
 logging work as they do there) until ``batch_size`` segments are finished:
 
+- the collection starts with a reset of every env sent at once
+  (``AsyncioVectorEnv._send_resets``): each env's reset comes back on its own,
+  and the env steps as soon as its own reset is done;
 - an env whose observation is known is *ready*; `_dispatch` hands ready envs
   to the policy, up to ``max_batch`` at a time, waiting at most ``max_wait``
-  seconds for more.  A plain policy is called there and its actions sent at
-  once; an ``async def`` policy becomes a task (several may be in flight) and
-  its actions are sent when it is done (`_harvest`);
-- `_wait` waits for whatever comes first that it can wait on: an env's step
-  (``recv(min_envs=1)``; with ``max_wait``, as many as fill a policy call),
-  a policy call, or the end of ``max_wait``.  While
-  both envs and policy calls are out, ``recv`` returns every ``_POLL``
-  seconds at the latest, as the vector env allows no ``send`` during a
-  ``recv``: a policy's answer waits that long at most;
-- `_received` sorts a ``recv``'s rows: a reset row (``NEXT_STEP``) is never a
-  transition, it only makes its env ready; every other row is a transition,
-  written into the env's segment (`~aiovec._core.segments.SegmentBook`).  An
-  env whose episode ended is reset as the mode says: ``SAME_STEP`` did it
-  within the step, ``NEXT_STEP`` gets the reset row at once (its action is
-  the env's last one, ignored), ``DISABLED`` waits until no env is out, then
-  the ended envs are reset together with ``reset_mask``.
+  seconds for more, with at most ``max_policy_calls`` calls in flight.  A
+  plain policy is called there and its actions sent at once; an ``async
+  def`` policy becomes a task, and its actions are sent when it is done
+  (`_harvest`).  What the policy returns is checked first (`_answer`);
+- `_wait` waits for whatever comes first: an env's step (``recv``; with
+  ``max_wait``, as many as fill a policy call), a policy call, or the end of
+  ``max_wait``.  While policy calls are out, the ``recv`` is a task of its
+  own, raced against them: the vector env takes a ``send`` while a ``recv``
+  waits, so a policy's answer reaches its envs as soon as it returns, and
+  nothing wakes on a timer;
+- `_received` sorts a ``recv``'s rows: a reset row (the start's, or
+  ``NEXT_STEP``'s) is never a transition, it only makes its env ready; every
+  other row is a transition, written into the env's segment
+  (`~aiovec._core.segments.SegmentBook`).  An env whose episode ended is reset
+  as the mode says: ``SAME_STEP`` did it within the step, ``NEXT_STEP`` gets
+  the reset row at once (its action is the env's last one, ignored),
+  ``DISABLED`` waits until no env is out, then the ended envs are reset
+  together with ``reset_mask``.
 
 The blocking front end runs the same coroutines through the vector env's
-`~aiovec._runner.Runner`.  Leaving the loop (``break``, an error, Ctrl-C)
-closes the iterator, which cancels the policy's calls and every env's call
-(the vector env then needs a ``reset()``); ``close()`` does the same.
+`~aiovec._runner.Runner`.  Leaving the loop (``break``, an error, Ctrl-C, a
+cancelled consumer) stops the collection (`_Driver.stop`, one at a time):
+the policy's calls, the ``recv`` and every env's call are cancelled, and the
+vector env then needs a ``reset()``.
 """
 
 from __future__ import annotations
@@ -48,9 +54,6 @@ from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("Collector", "SegmentBatch")
 
-_POLL = 0.002
-"""Seconds a ``recv`` waits at most while policy calls are out (see the docstring)."""
-
 
 class Collector:
     """Collect trajectory segments from a vector env, no env waiting for another.
@@ -70,12 +73,20 @@ class Collector:
         max_batch: At most this many envs per policy call (``None``: all ready).
         max_wait: Seconds to wait for more ready envs before calling the
             policy with fewer than ``max_batch`` (0: call it at once).
+        max_policy_calls: At most this many calls of an ``async def``
+            policy in flight (``None``: no limit).  Envs that become ready
+            meanwhile wait, and go to the next call together: one call at a
+            time (the default) suits a model server that serves one batched
+            call at a time; raise it for a server that batches requests
+            itself (docs/collector.md has the figures).
         reset_options: ``reset_options(env_id, episode) -> dict | None``,
             set as the vector env's hook (see `aiovec.AsyncioVectorEnv`).
         max_lag: Keep out of batches any segment with a transition from a
             policy more than this many versions older than the current one
             (such segments are dropped and counted in ``dropped``).
-        seed: The seed of the reset that starts the collection.
+        seed: The seed of the reset that starts the collection (env ``i``
+            gets ``seed + i``, as ``reset(seed=seed)``); each env steps as
+            soon as its own reset is done.
 
     Example:
         >>> async with aiovec.Collector(venv, policy, segment_length=32,
@@ -94,6 +105,7 @@ class Collector:
         batch_size: int,
         max_batch: int | None = None,
         max_wait: float = 0.0,
+        max_policy_calls: int | None = 1,
         reset_options: ResetHook | None = None,
         max_lag: int | None = None,
         seed: int | None = None,
@@ -112,6 +124,8 @@ class Collector:
             _check_count("max_batch", max_batch)
         if max_wait != 0:
             validate.check_timeout("max_wait", max_wait)
+        if max_policy_calls is not None:
+            _check_count("max_policy_calls", max_policy_calls)
         if max_lag is not None:
             _check_count("max_lag", max_lag, least=0)
         if reset_options is not None and venv.reset_options not in (None, reset_options):
@@ -123,9 +137,11 @@ class Collector:
         if reset_options is not None:
             venv.reset_options = reset_options
         self.envs = envs
-        self._driver = _Driver(
-            venv, policy, segment_length, batch_size, max_batch, max_wait or 0.0, max_lag, seed
-        )
+        self._driver = _Driver(venv, policy, segment_length, batch_size, seed)
+        self._driver.max_batch = max_batch or venv.num_envs
+        self._driver.max_wait = max_wait or 0.0
+        self._driver.max_calls = max_policy_calls or venv.num_envs
+        self._driver.max_lag = max_lag
 
     @property
     def policy_version(self) -> int:
@@ -230,32 +246,33 @@ def _check_count(name: str, value: object, *, least: int = 1) -> None:
 class _Driver:
     """The collection loop over one vector env (see the module docstring)."""
 
-    def __init__(  # noqa: PLR0917
+    def __init__(
         self,
         venv: AsyncioVectorEnv[Any, Any],
         policy: Callable[..., Any],
         length: int,
         batch_size: int,
-        max_batch: int | None,
-        max_wait: float,
-        max_lag: int | None,
         seed: int | None,
     ) -> None:
         self.venv, self.policy, self.length = venv, policy, length
-        self.batch_size, self.max_lag, self.seed = batch_size, max_lag, seed
-        self.max_batch = max_batch or venv.num_envs
-        self.max_wait = max_wait
+        self.batch_size, self.seed = batch_size, seed
+        self.max_batch = venv.num_envs
+        self.max_wait = 0.0
+        self.max_calls = venv.num_envs  # policy calls in flight at most
+        self.max_lag: int | None = None
         self.version = self.dropped = 0
         self.out = 0  # envs sent, not yet received
         self.book: SegmentBook | None = None
         self.ready: list[int] = []  # envs whose observation waits for the policy
         self.ready_since = 0.0  # when the oldest of them became ready
         self.calls: dict[asyncio.Task[Any], tuple[np.ndarray, int]] = {}  # async policy calls
-        self.resetting = np.zeros(venv.num_envs, np.bool_)  # NEXT_STEP reset rows out
+        self.receiving: asyncio.Task[Any] | None = None  # a recv raced against policy calls
+        self.resetting = np.zeros(venv.num_envs, np.bool_)  # reset rows out (start, NEXT_STEP)
         self.parked: list[int] = []  # DISABLED: ended envs waiting for a reset
         self.reset_due: list[int] = []  # NEXT_STEP: ended envs whose reset row is not sent yet
         self.last_actions: Any = None
         self.mode = venv.autoreset_mode
+        self.check_actions: dict[int, Callable[[object], None]] = {}  # by number of envs
         self._stopping: asyncio.Future[None] | None = None
 
     def new_version(self, policy: Callable[..., Any] | None) -> int:
@@ -283,20 +300,24 @@ class _Driver:
         return len(book.finished) < self.batch_size
 
     async def _start(self) -> None:
+        """Send every env its reset; each is ready (and steps) once its own reset is done."""
         venv = self.venv
-        obs, _ = await venv.reset(seed=self.seed)
         spaces = venv.single_observation_space, venv.single_action_space
-        self.book = SegmentBook(*spaces, venv.num_envs, self.length)
-        ids = np.arange(venv.num_envs)
-        self.book.observed(ids, as_tree(venv.single_observation_space, obs))
-        self.last_actions = self.book.action_rows()
-        self._became_ready(ids.tolist())
+        book = SegmentBook(*spaces, venv.num_envs, self.length)
+        await venv._send_resets(self.seed)
+        self.book, self.last_actions = book, book.action_rows()
+        self.resetting[:] = True
+        self.out = venv.num_envs
 
     # -- the policy -------------------------------------------------------------------
 
     def _dispatch(self) -> None:
         """Hand ready envs to the policy, ``max_batch`` at a time (``max_wait`` permitting)."""
-        while self.ready and (len(self.ready) >= self.max_batch or self._waited_enough()):
+        while (
+            self.ready
+            and len(self.calls) < self.max_calls
+            and (len(self.ready) >= self.max_batch or self._waited_enough())
+        ):
             ids = np.array(self.ready[: self.max_batch], np.int64)
             del self.ready[: self.max_batch]
             self.ready_since = time.perf_counter()
@@ -321,12 +342,38 @@ class _Driver:
     def _act(self, ids: np.ndarray, answer: Any, version: int) -> None:
         """Record the policy's ``answer`` for ``ids`` and send the actions."""
         assert self.book is not None
-        pair = isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)
-        actions, extras = answer if pair else (answer, {})
-        actions = tree_map(np.asarray, actions)
+        actions, extras = self._answer(ids, answer)
         self.book.acted(ids, actions, extras, version)
         tree_map(lambda buf, a: buf.__setitem__(ids, a), self.last_actions, actions)
         self._send(ids, actions)
+
+    def _answer(self, ids: np.ndarray, answer: Any) -> tuple[Any, dict[str, Any]]:
+        """The policy's ``answer`` as ``(actions, extras)``, checked against ``ids``.
+
+        One action per env, of the action space's shape and dtype, and one
+        row per env in each extra; an error names the policy, the envs and
+        the extra.
+        """
+        pair = isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)
+        actions, extras = answer if pair else (answer, {})
+        count = len(ids)
+        who = f"policy {_name(self.policy)} for env(s) {ids.tolist()}"
+        check = self.check_actions.get(count)
+        if check is None:
+            space = self.venv.single_action_space
+            check = self.check_actions[count] = validate.action_checker(
+                space, count, f"the actions of {who}"
+            )
+        check(actions)
+        actions = tree_map(np.asarray, actions)
+        for name, values in extras.items():
+            rows = np.shape(values)[:1]
+            if rows != (count,):
+                got = f"shape {np.shape(values)}" if np.ndim(values) else "a scalar"
+                raise ValueError(
+                    f"extra {name!r} of {who} must have one row per env ({count}), got {got}"
+                )
+        return actions, extras
 
     def _send(self, ids: np.ndarray, actions: Any) -> None:
         """Send ``actions`` to ``ids``, and the reset rows due with them (one request)."""
@@ -350,21 +397,32 @@ class _Driver:
     # -- waiting and receiving ----------------------------------------------------------
 
     async def _wait(self) -> None:
+        """Wait for an env's step, a policy call or the end of ``max_wait``, what comes first."""
         limit = self._wait_limit()
         if limit is not None and limit <= 0:
             return  # max_wait is over: the ready envs go to the policy now
-        if self.out:
-            timeout = limit if not self.calls else min(limit or _POLL, _POLL)
-            self._received(await self.venv.recv(min_envs=self._wanted(), timeout=timeout))
-        elif self.calls:
-            await asyncio.wait(self.calls, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        if self.out and not self.calls and self.receiving is None:  # only envs are out
+            self._received(await self.venv.recv(min_envs=self._wanted(), timeout=limit))
+        elif self.calls or self.receiving is not None:
+            if self.out and self.receiving is None:  # raced against the policy's calls
+                recv = self.venv.recv(min_envs=self._wanted(), timeout=limit)
+                self.receiving = asyncio.ensure_future(recv)
+            waits = [*self.calls] if self.receiving is None else [*self.calls, self.receiving]
+            await asyncio.wait(waits, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            receiving = self.receiving
+            if receiving is not None and receiving.done():
+                self.receiving = None
+                self._received(receiving.result())
         elif self.parked:
             await self._reset_parked()
         self._harvest()
 
     def _wanted(self) -> int:
-        """``recv``'s ``min_envs``: 1, or under ``max_wait`` what fills a policy call."""
-        if not self.max_wait:
+        """``recv``'s ``min_envs``: 1, or under ``max_wait`` what fills a policy call.
+
+        ``max_wait`` counts from the first ready env: until one is, any env will do.
+        """
+        if not self.max_wait or not self.ready:
             return 1
         return max(1, min(self.out, self.max_batch - len(self.ready)))
 
@@ -487,12 +545,22 @@ class _Driver:
             stopping.exception()  # retrieved: the callers that awaited it raised it
 
     async def _stop(self) -> None:
-        for task in self.calls:
-            task.cancel()
-        if self.calls:
-            await asyncio.wait(self.calls)
+        waits = [*self.calls, *([self.receiving] if self.receiving is not None else [])]
+        for task in waits:
+            task.cancel()  # a recv cancelled cancels its envs' calls
+        if waits:
+            await asyncio.wait(waits)
+        for task in waits:
+            if not task.cancelled():
+                task.exception()  # retrieved: the collection is over, its errors with it
         self.calls.clear()
+        self.receiving = None
         await self.venv._stop_sent("a Collector stopped with envs in flight")
         self.book, self.out, self.ready, self.parked = None, 0, [], []  # iterating resets
         self.reset_due = []
         self.resetting[:] = False
+
+
+def _name(policy: Callable[..., Any]) -> str:
+    """A policy's name for an error message."""
+    return str(getattr(policy, "__qualname__", None) or type(policy).__qualname__)

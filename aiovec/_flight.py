@@ -110,7 +110,7 @@ class Flight:
         name = PENDING[self.life.state]  # what is in flight: "step" or "reset"
         outcomes = self._collect_sent(wanted, wait, name)
         least = wanted if strict else 0
-        return self._finish(outcomes, name, call, True, State.READY, True, least, wait)
+        return self._finish(outcomes, name, call, True, State.READY, True, least, wait, not strict)
 
     async def _finish(  # noqa: PLR0917  (positional: it is on the hot path of every call)
         self,
@@ -122,6 +122,7 @@ class Flight:
         breaks: bool,
         least: int = 0,
         wait: float | None = None,
+        sends: bool = False,
     ) -> Results:
         """The one end of every call: await ``outcomes``, restart, raise (see the module).
 
@@ -137,9 +138,12 @@ class Flight:
             least: Unless this many outcomes came, the envs still out fail
                 with ``TimeoutError`` (the caller's ``wait``); 0: none is due.
             wait: The caller's timeout, for that message.
+            sends: More envs may be sent until this call ends (``recv()``: the
+                vector env is ``RECEIVING`` meanwhile; what they deliver while
+                a restart waits for its own envs is held for this call).
         """
         life, sent_envs = self.life, self.sent
-        life.state = State.BUSY
+        life.state = State.RECEIVING if sends else State.BUSY
         refusal = ""
         try:
             results, errors = await outcomes
@@ -236,12 +240,17 @@ class Flight:
     def send(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""
         self.sent.start(ids, time.perf_counter())
-        self.life.state = State.RESET_SENT if op.name == "reset" else State.SENT
+        life, backend = self.life, self.backend
+        receiving = life.state is State.RECEIVING
+        if not receiving:
+            life.state = State.RESET_SENT if op.name == "reset" else State.SENT
         try:
-            self.backend.launch(ids, op)
+            backend.launch(ids, op)
         except BaseException as exc:  # Ctrl-C raised by a sync env: stop everything
             self.abandon(f"{call} was interrupted ({type(exc).__name__})")
             raise
+        if receiving:  # the recv() waiting re-plans: some may be done, their deadlines count
+            backend.wake()
 
     async def _collect_sent(self, wanted: int, wait_s: float | None, name: str) -> Outcomes:
         """Outcomes of sent envs until ``wanted`` arrived, ``wait_s`` passed or all are in.

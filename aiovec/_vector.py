@@ -44,13 +44,22 @@ from gymnasium.vector import AutoresetMode
 from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState, ResetHook
 from aiovec._core.batching import Batcher, StepBatch
-from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, IsWrapped, Reset, SetAttr
+from aiovec._core.calls import (
+    RENDER,
+    Autoreset,
+    CallMethod,
+    EnvCall,
+    GetAttr,
+    IsWrapped,
+    Reset,
+    SetAttr,
+)
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import Lifecycle, State, VectorCall
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.restart import RestartPolicy
 from aiovec._errors import EnvError, StateError
-from aiovec._flight import Flight
+from aiovec._flight import Flight, error_for
 from aiovec._restarter import Restarter, policy_of
 from aiovec._sent import Sent
 from aiovec.backends import Backend, load_backend
@@ -402,7 +411,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
         Call it from code running in the event loop; collect the results with
         `recv`.  Each env follows the same autoreset and info rules as
-        with `step`.  Envs still in flight cannot be sent again.
+        with `step`.  Envs still in flight cannot be sent again.  Other envs
+        may be sent while a `recv` waits (from another task): that ``recv``
+        collects them too.
 
         Args:
             actions: One action per env in ``env_ids``, batched.
@@ -460,6 +471,29 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._autoreset.stepped(ids, batch[2], batch[3])
         self._life.state = State.SENT if self._sent.envs else State.READY
         return (*batch, np.array(ids, dtype=np.int64))
+
+    async def _send_resets(self, seed: int | Sequence[int | None] | None = None) -> None:
+        """Start a reset of every env, each collected by `recv` as soon as it is done.
+
+        The envs are seeded and given options as ``reset(seed=seed)`` would;
+        each env's reset comes back from ``recv()`` as a row of its own
+        (reward 0, both flags false, the reset's info), so an env may step
+        again while others still reset.  A collector starts so.
+        """
+        self._life.check(VectorCall.RESET)
+        seeds = validate.check_seeds(seed, self.num_envs)
+        await self._flight.clear_break()
+        unbuilt = await self._flight.rebuild_lost(self._all)
+        if unbuilt:
+            self._life.break_("reset() could not rebuild lost envs")
+            raise error_for(unbuilt, "reset()")
+        autoreset = self._autoreset
+        plan: list[Any] = [
+            Autoreset(Reset(seeds[i], autoreset.reset_options(i, None)), True) for i in self._all
+        ]
+        autoreset.was_reset(None)
+        op = StepOp(self.autoreset_mode, [None] * self.num_envs, plan, batch=None, stream=True)
+        self._flight.send(self._all, op, "reset()")
 
     def _timeout_of(self, name: str) -> float | None:
         """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""

@@ -254,6 +254,12 @@ class Backend(abc.ABC):
     def _satisfied(self) -> bool:
         return not self.pending or len(self._results) + len(self._errors) >= self._wanted
 
+    def wake(self) -> None:
+        """Have the `collect` waiting now return what it has (more envs were launched)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def take(self) -> Outcomes:
         """The outcomes that arrived since the last take or collect, without waiting."""
         outcomes = self._results, self._errors
