@@ -427,8 +427,12 @@ class _Driver:
         return max(1, min(self.out, self.max_batch - len(self.ready)))
 
     def _wait_limit(self) -> float | None:
-        """How long to wait before ready envs must go to the policy (``max_wait``)."""
-        if not self.ready or not self.max_wait:
+        """How long to wait before ready envs must go to the policy (``max_wait``).
+
+        No limit while the policy takes no more calls (``max_policy_calls``):
+        the ready envs go with the next call that may start.
+        """
+        if not self.ready or not self.max_wait or len(self.calls) >= self.max_calls:
             return None
         return max(0.0, self.ready_since + self.max_wait - time.perf_counter())
 

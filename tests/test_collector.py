@@ -570,3 +570,50 @@ def test_a_wrong_policy_output_is_refused(
         adapter.reset(seed=0)  # usable after a reset
     finally:
         adapter.shutdown()
+
+
+def test_max_wait_bounds_the_wait_for_a_full_policy_call() -> None:
+    """Env 0 never answers: after ``max_wait`` the policy is called with the others.
+
+    (``max_wait`` counts from the first ready env; a ``recv`` that waited for a
+    whole ``max_batch`` before any env was ready waited for env 0 forever.)
+    """
+
+    async def main() -> None:
+        hold = asyncio.Event()
+        steps = [0, 0, 0, 0]
+        calls: list[list[int]] = []
+
+        def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+            calls.append(env_ids.tolist())
+            return np.zeros(len(env_ids), np.int64)
+
+        fns = [functools.partial(_HeldEnv, min(i, 1), hold, steps) for i in range(4)]
+        async with aiovec.AsyncioVectorEnv(fns) as venv:
+            collector = aiovec.Collector(
+                venv, policy, segment_length=2, batch_size=3, max_wait=0.01
+            )
+            async with asyncio.timeout(10), collector:
+                batch = await anext(aiter(collector))
+            hold.set()
+        assert sorted(batch.env_ids.tolist()) == [1, 2, 3]
+        assert calls[0] == [0, 1, 2, 3]  # env 0 was asked once, at the start
+        assert all(0 not in ids for ids in calls[1:])
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_max_wait_with_every_policy_call_slot_taken_does_not_spin(front_end: str) -> None:
+    """Ready envs past ``max_wait`` wait for a free call slot (the loop is not held)."""
+
+    async def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(0.005)  # a model server's answer
+        return np.zeros(len(env_ids), np.int64)
+
+    adapter = open_front_end(front_end, space_env_fns(N))
+    try:
+        batches = run_collector(adapter, policy, 3, max_wait=0.001, max_batch=1)
+    finally:
+        adapter.shutdown()
+    assert len(batches) == 3
