@@ -470,9 +470,11 @@ class _Driver:
 
         ended = terminations | truncations
         infos_of = row_infos(infos, len(ids)) if infos else None
-        next_obs = tree_map(lambda a: pick(a).copy(), obs)
-        if self.mode is AutoresetMode.SAME_STEP and ended.any():
+        if self.mode is AutoresetMode.SAME_STEP and ended.any():  # final_obs written in
+            next_obs = tree_map(lambda a: pick(a).copy(), obs)
             self._final_obs(next_obs, ended, infos, rows, infos_of)
+        else:
+            next_obs = tree_map(pick, obs)  # the book copies it
         step_ids = ids if every else ids[rows]
         kept = [infos_of[k] for k in np.flatnonzero(rows)] if infos_of else None
         self.book.stepped(

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import aiovec
 from aiovec._core.lifecycle import State
-from aiovec.testing import AsyncTwin, FaultyEnv, SpaceEnv
+from aiovec.testing import AsyncHangingEnv, AsyncTwin, FaultyEnv, SpaceEnv
+from aiovec.testing import Gate as FifoGate
 
 SETUPS = [
     ("inline", "sync"),
@@ -289,3 +290,43 @@ def test_send_outside_a_loop_says_how():
     with pytest.raises(RuntimeError, match=r"BlockingVectorEnv\.send"):
         venv.send(np.zeros(1, np.int64))
     asyncio.run(venv.close())
+
+
+def _held_first(gate: Any, i: int) -> Any:
+    """Env 0's first step waits for ``gate``; the others answer at once."""
+    return AsyncHangingEnv(SpaceEnv(), gate) if i == 0 else AsyncTwin(SpaceEnv(), max_yields=1)
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_send_while_a_recv_waits_is_collected_by_that_recv(backend: str, tmp_path: Any) -> None:
+    """``RECEIVING`` takes a ``send`` (and nothing else); the waiting ``recv`` collects it."""
+    gate = FifoGate(tmp_path)
+
+    async def main() -> None:
+        fns = [lambda i=i: _held_first(gate, i) for i in range(N)]
+        async with aiovec.AsyncioVectorEnv(fns, backend=backend, num_workers=2) as venv:
+            await venv.reset(seed=0)
+            actions = venv.action_space.sample()
+            venv.send(actions[:1], [0])  # its step waits for the gate
+            recv = asyncio.ensure_future(venv.recv(min_envs=1))
+            for _ in range(100):  # let the recv start waiting (loop turns, not time)
+                if venv.state is State.RECEIVING:
+                    break
+                await asyncio.sleep(0)
+            assert venv.state is State.RECEIVING
+            with pytest.raises(aiovec.StateError, match=r"a recv\(\) is waiting"):
+                await venv.step(actions)
+            venv.send(actions[1:3], [1, 2])
+            *_, env_ids = await asyncio.wait_for(recv, 10)
+            assert set(env_ids.tolist()) <= {1, 2}
+            assert env_ids.tolist()  # the envs sent meanwhile came back to that recv
+            assert venv.state is State.SENT  # env 0 (and maybe another) still out
+            gate.release()
+            *_, rest = await asyncio.wait_for(venv.recv(), 10)
+            assert sorted([*env_ids.tolist(), *rest.tolist()]) == [0, 1, 2]
+            assert venv.state is State.READY
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.release()
