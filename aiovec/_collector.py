@@ -166,9 +166,10 @@ class _Front(Generic[B]):
         if (self._runner is None) == async_:
             return
         other = "for" if async_ else "async for"
-        kind = "AsyncioVectorEnv" if async_ else "BlockingVectorEnv"
+        over = "a BlockingVectorEnv" if async_ else "an AsyncioVectorEnv"
         name = type(self).__name__
-        raise TypeError(f"a {name} over a {kind} is iterated with `{other}`, not `{how}`")
+        article = "an" if name[0] in "AEIOU" else "a"
+        raise TypeError(f"{article} {name} over {over} is iterated with `{other}`, not `{how}`")
 
 
 def _check_batching(
