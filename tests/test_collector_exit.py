@@ -31,7 +31,10 @@ HANG = 5.0  # seconds: far beyond any exit; only a hang reaches it
 
 
 class WaitingEnv(aiovec.AsyncEnv[np.ndarray, int]):
-    """Each step waits 2-10 ms, as an env behind a network service does."""
+    """Each step waits 2-10 ms, as an env behind a network service does.
+
+    An episode ends at each step with probability ``options["ends"]`` (0.05).
+    """
 
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
     action_space = gymnasium.spaces.Discrete(2)
@@ -40,11 +43,13 @@ class WaitingEnv(aiovec.AsyncEnv[np.ndarray, int]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         await super().reset(seed=seed)
+        self.ends = (options or {}).get("ends", 0.05)  # an episode's end, per step
         return np.zeros(2, np.float32), {}
 
     async def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         await asyncio.sleep(self.np_random.uniform(0.002, 0.010))
-        return np.zeros(2, np.float32), 1.0, bool(self.np_random.random() < 0.05), False, {}
+        ended = bool(self.np_random.random() < self.ends)
+        return np.zeros(2, np.float32), 1.0, ended, False, {}
 
 
 class ServerPolicy:
@@ -68,7 +73,7 @@ COLLECTORS: dict[str, Callable[[Any, ServerPolicy], Any]] = {
         venv, policy, segment_length=4, batch_size=2, seed=0
     ),
     "episodes": lambda venv, policy: aiovec.EpisodeCollector(
-        venv, policy, batch_size=2, group_size=2, tasks=itertools.repeat({}), seed=0
+        venv, policy, batch_size=2, group_size=2, tasks=itertools.repeat({"ends": 0.3}), seed=0
     ),
 }
 KIND: list[str] = ["segments"]  # the collector the ways below build (set by each test)
