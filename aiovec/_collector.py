@@ -49,7 +49,7 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
 from aiovec._core.autoreset import ResetHook
-from aiovec._core.segments import SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
+from aiovec._core.segments import Book, SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
 from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("Collector", "SegmentBatch")
@@ -295,7 +295,7 @@ class _Driver:
     gave (``stepped``); it shows the policy its input (``shown``).
     """
 
-    book: Any  # set by `_start`; None when no collection is running
+    book: Book | None  # None when no collection is running
 
     def __init__(self, venv: AsyncioVectorEnv[Any, Any], policy: Callable[..., Any]) -> None:
         self.venv, self.policy = venv, policy

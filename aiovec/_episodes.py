@@ -21,7 +21,6 @@ is left.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -38,6 +37,7 @@ from aiovec._core.episodes import (
     Groups,
     _Group,
     check_task,
+    rewards_differ,
 )
 from aiovec._vector import AsyncioVectorEnv
 
@@ -59,10 +59,11 @@ class EpisodeCollector(_Front[EpisodeBatch]):
             group; when it runs out, the groups in flight finish and the
             iteration ends (the last batch may be short).  ``None``: groups
             of one episode with no options, forever.
-        max_in_flight: Groups under way at most.  Default: twice as many as
-            it takes to give every env a member (``2 * ceil(num_envs /
-            group_size)``), so that an env freed while a group waits for its
-            slowest member finds a member of the next group to run.
+        max_in_flight: Groups under way at most.  Default: ``num_envs``, so
+            that even while every env runs the slowest member of a different
+            group, an env that is freed finds a member to run.  Members start
+            oldest group first, so a group admitted early starts no sooner
+            (and is no older when yielded) than it would otherwise.
         accept_group: ``accept_group(episodes) -> bool`` filters finished
             groups (e.g. `aiovec.rewards_differ`); a rejected group frees its
             place for the next task and is counted in ``rejected``.
@@ -125,6 +126,10 @@ class EpisodeCollector(_Front[EpisodeBatch]):
             tasks = _checked_tasks(tasks)
         if max_in_flight is not None:
             _check_count("max_in_flight", max_in_flight)
+        if accept_group is rewards_differ and group_size == 1:
+            raise ValueError(
+                "accept_group=rewards_differ compares a group's members: it needs group_size > 1"
+            )
         if accept_group is not None and not callable(accept_group):
             raise TypeError(
                 f"accept_group must be callable or None, got {validate.describe(accept_group)}"
@@ -146,7 +151,7 @@ class EpisodeCollector(_Front[EpisodeBatch]):
             tasks,
             group_size=group_size,
             batch_size=batch_size,
-            max_in_flight=max_in_flight or 2 * math.ceil(venv.num_envs / group_size),
+            max_in_flight=max_in_flight or venv.num_envs,
             max_lag=max_lag,
             seed=base,
             accept=accept_group,

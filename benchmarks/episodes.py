@@ -14,17 +14,18 @@ groups (tasks):
 
 ``episodes``
     ``aiovec.EpisodeCollector(batch_size=2, group_size=4)`` with its default
-    ``max_in_flight`` (4 groups), until the tasks run out;
-``episodes, 2 in flight`` / ``episodes, 8 in flight``
+    ``max_in_flight`` (8 groups: ``num_envs``), until the tasks run out;
+``episodes, 2 in flight`` / ``episodes, 4 in flight``
     the same with ``max_in_flight=2`` (no group waits to start, so an env
-    freed early idles until its group's slowest member ends) and ``8``;
+    freed early idles until its group's slowest member ends) and ``4``;
 ``gather-all``
     a lock-step loop over the same vector env that runs 2 groups at a time
     (8 episodes, one per env, each group's 4 with its seed) and waits for the
     longest episode before the next 2 groups.
 
 Each candidate collects the 24 groups once per repetition, the order rotating;
-reported: median seconds, and each candidate's time over gather-all's.  The
+reported: median seconds, and the median of each candidate's time over
+gather-all's in the same repetition (the envs' lengths are seeded alike).  The
 machine's load is printed.  ``--timeline`` prints, for one EpisodeCollector
 run, each env's episodes over time (a letter per group).
 """
@@ -131,7 +132,7 @@ async def main(args: argparse.Namespace) -> None:
     candidates: dict[str, Callable[[Any], Awaitable[float]]] = {
         "episodes": lambda venv: episodes(venv, groups),
         "episodes, 2 in flight": lambda venv: episodes(venv, groups, max_in_flight=2),
-        "episodes, 8 in flight": lambda venv: episodes(venv, groups, max_in_flight=8),
+        "episodes, 4 in flight": lambda venv: episodes(venv, groups, max_in_flight=4),
         "gather-all": lambda venv: gather_all(venv, groups),
     }
     times: dict[str, list[float]] = {name: [] for name in candidates}
@@ -141,11 +142,13 @@ async def main(args: argparse.Namespace) -> None:
             fns = [lambda i=i, r=rep: SampledLengthEnv(1000 * r + i) for i in range(ENVS)]
             async with aiovec.AsyncioVectorEnv(fns) as venv:
                 times[name].append(await candidates[name](venv))
-    base = statistics.median(times["gather-all"])
     print(f"{ENVS} async envs, groups of {GROUP}, {groups} groups, episode lengths p99/p50 = 20:")
     for name, got in times.items():
-        median = statistics.median(got)
-        print(f"  {name:<22} {median:6.3f} s  ({median / base:.2f}x gather-all)")
+        paired = [t / base for t, base in zip(got, times["gather-all"], strict=True)]
+        print(
+            f"  {name:<22} {statistics.median(got):6.3f} s  "
+            f"({statistics.median(paired):.2f}x gather-all, median of paired ratios)"
+        )
     if args.timeline:
         seen: list[aiovec.Episode] = []
         fns = [lambda i=i: SampledLengthEnv(i) for i in range(ENVS)]

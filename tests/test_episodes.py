@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
-from conftest import MODES, SPACES, open_front_end, space_env_fns
+from conftest import MODES, SPACES, open_front_end, random_policy, space_env_fns
 from gymnasium.vector import AutoresetMode
 
 import aiovec
@@ -81,16 +81,6 @@ def run_episodes(
 
     adapter.run(main())
     return got, collector
-
-
-def random_policy(space: gymnasium.spaces.Space[Any]) -> Callable[..., Any]:
-    rng = np.random.default_rng(3)
-
-    def policy(obs: Any, env_ids: np.ndarray) -> Any:
-        space.seed(int(rng.integers(2**31)))
-        return np.array([space.sample() for _ in env_ids]), {"tag": env_ids * 10}
-
-    return policy
 
 
 def async_random_policy(space: gymnasium.spaces.Space[Any]) -> Callable[..., Any]:
@@ -437,6 +427,11 @@ def _zeros(obs: Any, env_ids: np.ndarray) -> np.ndarray:
         ({"tasks": [{}, 5]}, TypeError, "tasks must give reset options (a dict or None each), "),
         ({"max_in_flight": 0}, ValueError, "max_in_flight must be an int >= 1, got 0"),
         ({"accept_group": 1}, TypeError, "accept_group must be callable or None, got int 1"),
+        (
+            {"accept_group": aiovec.rewards_differ},
+            ValueError,
+            "accept_group=rewards_differ compares a group's members: it needs group_size > 1",
+        ),
         ({"on_error": "ignore"}, ValueError, "on_error must be one of ('raise', 'retry'"),
         ({"on_error": "retry"}, ValueError, "on_error='retry' needs a vector env that restarts"),
         ({"max_retries": -1}, ValueError, "max_retries must be an int >= 0, got -1"),

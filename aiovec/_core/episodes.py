@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium import spaces
 
 from aiovec._core import validate
-from aiovec._core.segments import _empty, tree_map
+from aiovec._core.segments import Book, tree_map
 from aiovec._errors import EnvError, EnvTimeoutError
 
 __all__ = (
@@ -124,15 +124,9 @@ def rewards_differ(group: Sequence[Episode]) -> bool:
 
 @dataclass(slots=True)
 class _Running:
-    """An env's episode under way."""
+    """An env's episode under way: ``head``, the `Episode` fields it started with."""
 
-    env_id: int
-    episode_id: int
-    group_id: int
-    index: int
-    task: dict[str, Any] | None
-    seed: int
-    start_time: float
+    head: dict[str, Any]
     obs: list[Any] = field(default_factory=list)
     actions: list[Any] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -150,16 +144,13 @@ def _concat(parts: list[Any]) -> Any:
     return tree_map(lambda *rows: np.concatenate(rows), *parts)
 
 
-class EpisodeBook:
+class EpisodeBook(Book):
     """Each env's episode under way; those that ended wait in ``ended`` for the driver."""
 
     def __init__(
         self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], num_envs: int
     ) -> None:
-        self.observation_space = observation_space
-        self.action_space = action_space
-        self.num_envs = num_envs
-        self.last_obs = _empty(observation_space, (num_envs,))
+        super().__init__(observation_space, action_space, num_envs)
         self.running: dict[int, _Running] = {}
         self.ended: list[Episode] = []
         self.started = 0  # episodes begun
@@ -168,20 +159,17 @@ class EpisodeBook:
         self, env_id: int, group_id: int, index: int, task: Any, seed: int, now: float
     ) -> None:
         """Env ``env_id`` starts an episode (its reset is sent)."""
-        self.running[env_id] = _Running(env_id, self.started, group_id, index, task, seed, now)
+        head = {
+            "env_id": env_id,
+            "episode_id": self.started,
+            "group_id": group_id,
+            "index": index,
+            "task": task,
+            "seed": seed,
+            "start_time": now,
+        }
+        self.running[env_id] = _Running(head)
         self.started += 1
-
-    def observed(self, ids: np.ndarray, obs: Any) -> None:
-        """Envs ``ids`` now show ``obs`` (rows in the order of ``ids``)."""
-        tree_map(lambda buf, v: buf.__setitem__(ids, v), self.last_obs, obs)
-
-    def action_rows(self) -> Any:
-        """Zeros of one action per env (``(num_envs, ...)``)."""
-        return _empty(self.action_space, (self.num_envs,))
-
-    def shown(self, ids: np.ndarray) -> Any:
-        """What envs ``ids`` show now: the policy's input."""
-        return tree_map(lambda buf: buf[ids], self.last_obs)
 
     def acted(self, ids: np.ndarray, actions: Any, extras: Mapping[str, Any], version: int) -> None:
         """The policy (``version``) chose ``actions`` (and ``extras``) for envs ``ids``."""
@@ -212,12 +200,7 @@ class EpisodeBook:
                 del self.running[i]
                 self.ended.append(
                     Episode(
-                        env_id=i,
-                        episode_id=run.episode_id,
-                        group_id=run.group_id,
-                        index=run.index,
-                        task=run.task,
-                        seed=run.seed,
+                        **run.head,
                         obs=_concat(run.obs),
                         actions=_concat(run.actions),
                         rewards=np.array(run.rewards, np.float64),
@@ -228,7 +211,6 @@ class EpisodeBook:
                         versions=np.array(run.versions, np.int64),
                         extras={name: np.concatenate(v) for name, v in run.extras.items()},
                         infos=run.infos,
-                        start_time=run.start_time,
                         end_time=time.perf_counter(),
                     )
                 )
