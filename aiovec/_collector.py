@@ -473,10 +473,10 @@ class _Driver:
         obs = as_tree(self.venv.single_observation_space, obs)
         assert self.book is not None
         resets = self.resetting[ids]
-        if resets.any():  # NEXT_STEP reset rows: a new episode's first observation
+        if resets.any():  # reset rows (a start's, NEXT_STEP's): a new episode's first obs
             self.resetting[ids[resets]] = False
             self.book.observed(ids[resets], tree_map(lambda a: a[resets], obs))
-            self._became_ready(ids[resets].tolist())
+            self._reset_rows(ids[resets], truncations[resets])
         steps = ~resets
         if steps.any():
             self._transitions(ids, steps, obs, rewards, terminations, truncations, infos)
@@ -528,6 +528,15 @@ class _Driver:
             _put_row(next_obs, int(picked[row]), infos["final_obs"][row])
             if infos_of is not None and last_infos is not None:
                 infos_of[row] = last_infos[row]
+
+    def _reset_rows(self, ids: np.ndarray, restarted: np.ndarray) -> None:
+        """Envs ``ids`` were reset: they are ready.
+
+        ``restarted``: the reset failed and the vector env restarted the env
+        (``on_error="restart"``), resetting it its own way; here that reset
+        starts the env's episode as well.
+        """
+        self._became_ready(ids.tolist())
 
     def _after_ends(self, ids: np.ndarray, ended: np.ndarray) -> None:
         """Envs that ended reset as the mode says; the others are ready.

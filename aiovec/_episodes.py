@@ -225,6 +225,7 @@ class _EpisodeDriver(_Driver):
         super().__init__(venv, policy)
         self.groups, self.batch_size = groups, batch_size
         self.free: list[int] = []  # envs with no episode under way
+        self.again: list[int] = []  # envs whose member's reset failed: to send again
         self.members: dict[int, tuple[_Group, int]] = {}  # env -> the member it runs
 
     def _drop_lagging(self, version: int) -> None:
@@ -259,6 +260,12 @@ class _EpisodeDriver(_Driver):
         ids: list[int] = []
         seeds: list[int | None] = []
         options: list[dict[str, Any] | None] = []
+        for env in self.again:  # the same member, from the same reset
+            group, _ = self.members[env]
+            ids.append(env)
+            seeds.append(group.seed)
+            options.append(group.task)
+        self.again.clear()
         now = time.perf_counter()
         while self.free:
             member = self.groups.next_member()
@@ -272,6 +279,15 @@ class _EpisodeDriver(_Driver):
             options.append(group.task)
         if ids:
             await self._send_resets(ids, seeds, options)
+
+    def _reset_rows(self, ids: np.ndarray, restarted: np.ndarray) -> None:
+        """A member whose reset failed (its env restarted, reset its own way) is reset again.
+
+        It has not started: nothing is lost.  The vector env's restart limit
+        bounds the tries.
+        """
+        self._became_ready(ids[~restarted].tolist())
+        self.again += ids[restarted].tolist()
 
     def _after_ends(self, ids: np.ndarray, ended: np.ndarray) -> None:
         """An env whose episode ended is free (`_launch` gives it its next member)."""
@@ -289,4 +305,4 @@ class _EpisodeDriver(_Driver):
     def _forget(self) -> None:
         self.groups.requeue_in_flight()
         self.members.clear()
-        self.free = []
+        self.free, self.again = [], []

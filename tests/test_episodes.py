@@ -338,6 +338,29 @@ def test_an_env_error_without_restart_raises(front_end: str) -> None:
     assert caught.value.env_index == 1
 
 
+def _reset_fails_once(fn: Callable[[], Any], made: list[int]) -> Any:
+    """The env's first build fails at its second reset; its rebuilds do not."""
+    made.append(1)
+    return FaultyEnv(fn(), method="reset", at=2) if len(made) == 1 else fn()
+
+
+def test_a_member_whose_reset_failed_starts_again_from_its_seed(
+    backend: str, front_end: str
+) -> None:
+    """The vector env restarts the env (its own reset): the member's reset is sent again."""
+    fns = space_env_fns(N, max_len=4)
+    faulty = list(fns)
+    faulty[1] = functools.partial(_reset_fails_once, fns[1], [])
+    tasks = tasks_of(8)
+    adapter = open_front_end(front_end, faulty, backend=backend, on_error="restart")
+    try:
+        policy = random_policy(adapter.venv.single_action_space)
+        batches, _ = run_episodes(adapter, policy, group_size=2, tasks=tasks)
+    finally:
+        adapter.shutdown()
+    check_groups(fns, batches, tasks, 2)
+
+
 def test_max_lag_admits_before_it_drops(front_end: str) -> None:
     """``max_lag=0``, one update per batch: no group starts early, so none is dropped."""
     fns = space_env_fns(N, max_len=4)
