@@ -25,7 +25,7 @@ from conftest import MODES, SPACES, open_front_end, random_policy, space_env_fns
 from gymnasium.vector import AutoresetMode
 
 import aiovec
-from aiovec.testing import AsyncTwin, FaultyEnv
+from aiovec.testing import AsyncHangingEnv, AsyncTwin, FaultyEnv, Gate
 
 N = 4
 SPACE = SPACES["box-discrete"]
@@ -265,7 +265,7 @@ def run_faulty(
     fns = space_env_fns(N, max_len=4)
     faulty = list(fns)
     faulty[1] = fault(fns[1])
-    flavour = "sync" if backend == "thread" else "async"
+    flavour = kwargs.pop("flavour", "sync" if backend == "thread" else "async")
     adapter = open_front_end(front_end, faulty, flavour=flavour, backend=backend, **kwargs)
     tasks = [{"length": 5, "task": k} for k in range(6)]
     try:
@@ -311,6 +311,32 @@ def test_a_failed_member_is_kept_with_its_status(front_end: str) -> None:
     assert failed.truncated
     assert len(failed) == 4
     assert "RuntimeError" in failed.infos[-1]["error"]
+
+
+def _hangs_once(gate: Gate, fn: Callable[[], Any], made: list[int]) -> Any:
+    """The env's first build hangs at its 4th step (until cancelled); its rebuilds do not."""
+    made.append(1)
+    return AsyncHangingEnv(fn(), gate, at=4) if len(made) == 1 else fn()
+
+
+def test_a_member_that_timed_out_says_so(front_end: str, tmp_path: Any) -> None:
+    gate = Gate(tmp_path)
+    fault = lambda fn: functools.partial(_hangs_once, gate, fn, [])  # noqa: E731
+    try:
+        batches, _, _ = run_faulty(
+            front_end,
+            "inline",
+            fault,
+            on_error="restart",
+            step_timeout=0.2,
+            on_error_of="keep",
+            flavour="sync",  # the hanging env is async already
+        )
+    finally:
+        gate.release()
+    statuses = [e.status for b in batches for e in b.episodes]
+    assert statuses.count("timeout") == 1
+    assert statuses.count("ok") == 11
 
 
 def test_a_failed_member_raises(backend: str, front_end: str) -> None:
