@@ -42,20 +42,154 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
 from aiovec._core.autoreset import ResetHook
-from aiovec._core.segments import SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
+from aiovec._core.segments import Book, SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
 from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("Collector", "SegmentBatch")
 
+B = TypeVar("B")
 
-class Collector:
+
+class _Front(Generic[B]):
+    """The two front ends of a collector over a `_Driver` (written once for both collectors).
+
+    ``async for`` over an `aiovec.AsyncioVectorEnv`, ``for`` over an
+    `aiovec.BlockingVectorEnv` (through its `~aiovec._runner.Runner`); a
+    driver's ``next_batch`` returns ``None`` when the collection is over.
+    """
+
+    _driver: _Driver
+
+    def _open(self, envs: Any, policy: Callable[..., Any]) -> AsyncioVectorEnv[Any, Any]:
+        """The vector env under ``envs``, once ``envs`` and ``policy`` are checked."""
+        venv = getattr(envs, "vector_env", envs)
+        if not isinstance(venv, AsyncioVectorEnv):
+            raise TypeError(
+                "envs must be an aiovec.AsyncioVectorEnv or aiovec.BlockingVectorEnv, "
+                f"got {validate.describe(envs)}"
+            )
+        if not callable(policy):
+            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        self.envs = envs
+        self._runner = getattr(envs, "_runner", None)  # BlockingVectorEnv's
+        return venv
+
+    def _set_driver(
+        self,
+        driver: _Driver,
+        max_batch: int | None,
+        max_wait: float,
+        max_policy_calls: int | None,
+    ) -> None:
+        """Give ``driver`` the policy-batching knobs (checked by `_check_batching`)."""
+        self._driver = driver
+        driver.max_batch = max_batch or driver.venv.num_envs
+        driver.max_wait = max_wait or 0.0
+        driver.max_calls = max_policy_calls or driver.venv.num_envs
+
+    @property
+    def policy_version(self) -> int:
+        """The current policy's version (0 at first; `update_policy` adds 1)."""
+        return self._driver.version
+
+    def update_policy(self, policy: Callable[..., Any] | None = None) -> int:
+        """Start a new policy version (swapping in ``policy`` if given); returns it.
+
+        Actions chosen from now on record the new version; policy calls
+        already in flight keep the version they started with.
+        """
+        if policy is not None and not callable(policy):
+            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        return self._driver.new_version(policy)
+
+    # -- await front end ------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[B]:
+        self._check_front("async for", async_=True)
+        return self._abatches()
+
+    async def _abatches(self) -> AsyncIterator[B]:
+        try:
+            while (batch := await self._driver.next_batch()) is not None:
+                yield batch
+        finally:
+            await self._driver.stop()
+
+    async def aclose(self) -> None:
+        """Cancel the policy's calls and every env's call in flight (idempotent)."""
+        await self._driver.stop()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- blocking front end ------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[B]:
+        self._check_front("for", async_=False)
+        return self._batches()
+
+    def _batches(self) -> Iterator[B]:
+        assert self._runner is not None
+        try:
+            while (batch := self._runner.run(self._driver.next_batch())) is not None:
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The blocking front end's `aclose`."""
+        if self._runner is not None and not self._runner._closed:
+            self._runner.run(self._driver.stop())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_front(self, how: str, *, async_: bool) -> None:
+        if (self._runner is None) == async_:
+            return
+        other = "for" if async_ else "async for"
+        over = "a BlockingVectorEnv" if async_ else "an AsyncioVectorEnv"
+        name = type(self).__name__
+        article = "an" if name[0] in "AEIOU" else "a"
+        raise TypeError(f"{article} {name} over {over} is iterated with `{other}`, not `{how}`")
+
+
+def _check_batching(
+    max_batch: int | None,
+    max_wait: float,
+    max_policy_calls: int | None,
+    max_lag: int | None,
+) -> None:
+    """The policy-batching knobs both collectors take (and ``max_lag``)."""
+    if max_batch is not None:
+        _check_count("max_batch", max_batch)
+    if max_wait != 0:
+        validate.check_timeout("max_wait", max_wait)
+    if max_policy_calls is not None:
+        _check_count("max_policy_calls", max_policy_calls)
+    if max_lag is not None:
+        _check_count("max_lag", max_lag, least=0)
+
+
+class Collector(_Front[SegmentBatch]):
     """Collect trajectory segments from a vector env, no env waiting for another.
 
     Args:
@@ -110,118 +244,25 @@ class Collector:
         max_lag: int | None = None,
         seed: int | None = None,
     ) -> None:
-        venv = getattr(envs, "vector_env", envs)
-        if not isinstance(venv, AsyncioVectorEnv):
-            raise TypeError(
-                "envs must be an aiovec.AsyncioVectorEnv or aiovec.BlockingVectorEnv, "
-                f"got {validate.describe(envs)}"
-            )
-        if not callable(policy):
-            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        venv = self._open(envs, policy)
         _check_count("segment_length", segment_length)
         _check_count("batch_size", batch_size)
-        if max_batch is not None:
-            _check_count("max_batch", max_batch)
-        if max_wait != 0:
-            validate.check_timeout("max_wait", max_wait)
-        if max_policy_calls is not None:
-            _check_count("max_policy_calls", max_policy_calls)
-        if max_lag is not None:
-            _check_count("max_lag", max_lag, least=0)
+        _check_batching(max_batch, max_wait, max_policy_calls, max_lag)
         if reset_options is not None and venv.reset_options not in (None, reset_options):
             raise ValueError(
                 "reset_options: the vector env has a reset_options hook already; "
                 "give it to one of them only"
             )
-        self._runner = getattr(envs, "_runner", None)  # BlockingVectorEnv's
         if reset_options is not None:
             venv.reset_options = reset_options
-        self.envs = envs
-        self._driver = _Driver(venv, policy, segment_length, batch_size, seed)
-        self._driver.max_batch = max_batch or venv.num_envs
-        self._driver.max_wait = max_wait or 0.0
-        self._driver.max_calls = max_policy_calls or venv.num_envs
-        self._driver.max_lag = max_lag
-
-    @property
-    def policy_version(self) -> int:
-        """The current policy's version (0 at first; `update_policy` adds 1)."""
-        return self._driver.version
+        driver = _SegmentDriver(venv, policy, segment_length, batch_size, seed)
+        driver.max_lag = max_lag
+        self._set_driver(driver, max_batch, max_wait, max_policy_calls)
 
     @property
     def dropped(self) -> int:
         """How many segments ``max_lag`` kept out of batches so far."""
         return self._driver.dropped
-
-    def update_policy(self, policy: Callable[..., Any] | None = None) -> int:
-        """Start a new policy version (swapping in ``policy`` if given); returns it.
-
-        Actions chosen from now on record the new version; policy calls
-        already in flight keep the version they started with.
-        """
-        if policy is not None and not callable(policy):
-            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
-        return self._driver.new_version(policy)
-
-    # -- await front end ------------------------------------------------------------
-
-    def __aiter__(self) -> AsyncIterator[SegmentBatch]:
-        self._check_front("async for", async_=True)
-        return self._abatches()
-
-    async def _abatches(self) -> AsyncIterator[SegmentBatch]:
-        try:
-            while True:
-                yield await self._driver.next_batch()
-        finally:
-            await self._driver.stop()
-
-    async def aclose(self) -> None:
-        """Cancel the policy's calls and every env's call in flight (idempotent)."""
-        await self._driver.stop()
-
-    async def __aenter__(self) -> Collector:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    # -- blocking front end ------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[SegmentBatch]:
-        self._check_front("for", async_=False)
-        return self._batches()
-
-    def _batches(self) -> Iterator[SegmentBatch]:
-        assert self._runner is not None
-        try:
-            while True:
-                yield self._runner.run(self._driver.next_batch())
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """The blocking front end's `aclose`."""
-        if self._runner is not None and not self._runner._closed:
-            self._runner.run(self._driver.stop())
-
-    def __enter__(self) -> Collector:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _check_front(self, how: str, *, async_: bool) -> None:
-        if (self._runner is None) == async_:
-            return
-        other = "for" if async_ else "async for"
-        kind = "AsyncioVectorEnv" if async_ else "BlockingVectorEnv"
-        raise TypeError(f"a Collector over a {kind} is iterated with `{other}`, not `{how}`")
 
 
 def _put_row(tree: Any, k: int, value: Any) -> None:
@@ -244,25 +285,27 @@ def _check_count(name: str, value: object, *, least: int = 1) -> None:
 
 
 class _Driver:
-    """The collection loop over one vector env (see the module docstring)."""
+    """The env and policy machinery of a collection (see the module docstring).
 
-    def __init__(
-        self,
-        venv: AsyncioVectorEnv[Any, Any],
-        policy: Callable[..., Any],
-        length: int,
-        batch_size: int,
-        seed: int | None,
-    ) -> None:
-        self.venv, self.policy, self.length = venv, policy, length
-        self.batch_size, self.seed = batch_size, seed
+    Written once for both collectors; what differs is where the rows go
+    (``book``: `SegmentBook`, or `~aiovec._core.episodes.EpisodeBook`) and what
+    happens when an env's episode ends (`_after_ends`; by default the env is
+    reset as the autoreset mode says).  A book is told what each env was
+    shown (``observed``), what the policy chose (``acted``) and what the step
+    gave (``stepped``); it shows the policy its input (``shown``).
+    """
+
+    book: Book | None  # None when no collection is running
+
+    def __init__(self, venv: AsyncioVectorEnv[Any, Any], policy: Callable[..., Any]) -> None:
+        self.venv, self.policy = venv, policy
         self.max_batch = venv.num_envs
         self.max_wait = 0.0
         self.max_calls = venv.num_envs  # policy calls in flight at most
         self.max_lag: int | None = None
         self.version = self.dropped = 0
         self.out = 0  # envs sent, not yet received
-        self.book: SegmentBook | None = None
+        self.book = None
         self.ready: list[int] = []  # envs whose observation waits for the policy
         self.ready_since = 0.0  # when the oldest of them became ready
         self.calls: dict[asyncio.Task[Any], tuple[np.ndarray, int]] = {}  # async policy calls
@@ -280,34 +323,24 @@ class _Driver:
             self.policy = policy
         self.version += 1
         if self.max_lag is not None and self.book is not None:
-            self.dropped += self.book.drop_older_than(self.version - self.max_lag)
+            self._drop_lagging(self.version - self.max_lag)
         return self.version
 
-    async def next_batch(self) -> SegmentBatch:
-        if self.book is None:
-            await self._start()
-        book = self.book
-        assert book is not None
-        while self._short(book):
-            self._dispatch()
-            await self._wait()
-        return book.take(self.batch_size)
+    def _drop_lagging(self, version: int) -> None:
+        """Drop (and count) what holds an action of a policy before ``version``."""
+        raise NotImplementedError
 
-    def _short(self, book: SegmentBook) -> bool:
-        """Whether a batch is still short, once ``max_lag`` dropped what it keeps out."""
-        if self.max_lag is not None:
-            self.dropped += book.drop_older_than(self.version - self.max_lag)
-        return len(book.finished) < self.batch_size
+    async def _send_resets(
+        self, ids: list[int], seeds: Any, options: list[dict[str, Any] | None] | None = None
+    ) -> None:
+        """Start resets of envs ``ids``: each is ready (and steps) once its own is done."""
+        await self.venv._send_resets(seeds, env_ids=ids, options=options)
+        self.resetting[ids] = True
+        self.out += len(ids)
 
-    async def _start(self) -> None:
-        """Send every env its reset; each is ready (and steps) once its own reset is done."""
-        venv = self.venv
-        spaces = venv.single_observation_space, venv.single_action_space
-        book = SegmentBook(*spaces, venv.num_envs, self.length)
-        await venv._send_resets(self.seed)
-        self.book, self.last_actions = book, book.action_rows()
-        self.resetting[:] = True
-        self.out = venv.num_envs
+    async def next_batch(self) -> Any:
+        """The next batch, or ``None`` once the collection is over."""
+        raise NotImplementedError
 
     # -- the policy -------------------------------------------------------------------
 
@@ -444,10 +477,10 @@ class _Driver:
         obs = as_tree(self.venv.single_observation_space, obs)
         assert self.book is not None
         resets = self.resetting[ids]
-        if resets.any():  # NEXT_STEP reset rows: a new episode's first observation
+        if resets.any():  # reset rows (a start's, NEXT_STEP's): a new episode's first obs
             self.resetting[ids[resets]] = False
             self.book.observed(ids[resets], tree_map(lambda a: a[resets], obs))
-            self._became_ready(ids[resets].tolist())
+            self._reset_rows(ids[resets], truncations[resets])
         steps = ~resets
         if steps.any():
             self._transitions(ids, steps, obs, rewards, terminations, truncations, infos)
@@ -502,8 +535,21 @@ class _Driver:
             if infos_of is not None and last_infos is not None:
                 infos_of[row] = last_infos[row]
 
+    def _reset_rows(self, ids: np.ndarray, restarted: np.ndarray) -> None:
+        """Envs ``ids`` were reset: they are ready.
+
+        ``restarted``: the reset failed and the vector env restarted the env
+        (``on_error="restart"``), resetting it its own way; here that reset
+        starts the env's episode as well.
+        """
+        self._became_ready(ids.tolist())
+
     def _after_ends(self, ids: np.ndarray, ended: np.ndarray) -> None:
-        """Envs that ended reset as the mode says; the others are ready."""
+        """Envs that ended reset as the mode says; the others are ready.
+
+        The hook for what happens when an env's episode ends: the
+        `EpisodeCollector`'s driver starts the env's next episode its own way.
+        """
         if self.mode is AutoresetMode.SAME_STEP or not ended.any():
             self._became_ready(ids.tolist())
             return
@@ -565,6 +611,55 @@ class _Driver:
         self.book, self.out, self.ready, self.parked = None, 0, [], []  # iterating resets
         self.reset_due = []
         self.resetting[:] = False
+        self._forget()
+
+    def _forget(self) -> None:
+        """What the collection had under way is gone (`stop`): iterating starts again."""
+
+
+class _SegmentDriver(_Driver):
+    """The `Collector`'s driver: segments of ``length`` transitions, ``batch_size`` a batch."""
+
+    book: SegmentBook | None
+
+    def __init__(
+        self,
+        venv: AsyncioVectorEnv[Any, Any],
+        policy: Callable[..., Any],
+        length: int,
+        batch_size: int,
+        seed: int | None,
+    ) -> None:
+        super().__init__(venv, policy)
+        self.length, self.batch_size, self.seed = length, batch_size, seed
+
+    def _drop_lagging(self, version: int) -> None:
+        assert self.book is not None
+        self.dropped += self.book.drop_older_than(version)
+
+    async def next_batch(self) -> SegmentBatch:
+        if self.book is None:
+            await self._start()
+        book = self.book
+        assert book is not None
+        while self._short(book):
+            self._dispatch()
+            await self._wait()
+        return book.take(self.batch_size)
+
+    def _short(self, book: SegmentBook) -> bool:
+        """Whether a batch is still short, once ``max_lag`` dropped what it keeps out."""
+        if self.max_lag is not None:
+            self._drop_lagging(self.version - self.max_lag)
+        return len(book.finished) < self.batch_size
+
+    async def _start(self) -> None:
+        """Send every env its reset; each is ready (and steps) once its own reset is done."""
+        venv = self.venv
+        spaces = venv.single_observation_space, venv.single_action_space
+        book = SegmentBook(*spaces, venv.num_envs, self.length)
+        await self._send_resets(list(range(venv.num_envs)), self.seed)
+        self.book, self.last_actions = book, book.action_rows()
 
 
 def _name(policy: Callable[..., Any]) -> str:

@@ -472,28 +472,57 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._life.state = State.SENT if self._sent.envs else State.READY
         return (*batch, np.array(ids, dtype=np.int64))
 
-    async def _send_resets(self, seed: int | Sequence[int | None] | None = None) -> None:
-        """Start a reset of every env, each collected by `recv` as soon as it is done.
+    async def _send_resets(
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        *,
+        env_ids: EnvIds | None = None,
+        options: Sequence[dict[str, Any] | None] | None = None,
+    ) -> None:
+        """Start a reset of some envs, each collected by `recv` as soon as it is done.
 
-        The envs are seeded and given options as ``reset(seed=seed)`` would;
-        each env's reset comes back from ``recv()`` as a row of its own
-        (reward 0, both flags false, the reset's info), so an env may step
-        again while others still reset.  A collector starts so.
+        The envs are seeded and given options as ``reset(seed=seed)`` would
+        (counting over ``env_ids``; ``options[k]``, when given, is env
+        ``env_ids[k]``'s own, over the reset-options hook's); each env's reset
+        comes back from ``recv()`` as a row of its own (reward 0, both flags
+        false, the reset's info), so an env may step again while others still
+        reset.  A collector starts so, and starts an env's next episode so.
+
+        With no env in flight this is a start: a broken vector env is cleared
+        and lost envs are rebuilt first.  While envs are in flight (or a
+        ``recv`` waits) it is sent as `send` is, to envs that are not in flight.
         """
-        self._life.check(VectorCall.RESET)
-        seeds = validate.check_seeds(seed, self.num_envs)
-        await self._flight.clear_break()
-        unbuilt = await self._flight.rebuild_lost(self._all)
-        if unbuilt:
-            self._life.break_("reset() could not rebuild lost envs")
-            raise error_for(unbuilt, "reset()")
+        ids = self._all if env_ids is None else validate.check_env_ids(env_ids, self.num_envs)
+        seeds = validate.check_seeds(seed, len(ids))
+        if options is not None and len(options) != len(ids):
+            raise ValueError(
+                f"options must have one entry per env ({len(ids)}), got {len(options)}"
+            )
+        in_flight = self._life.state in {State.SENT, State.RECEIVING}
+        self._life.check(VectorCall.SEND if in_flight else VectorCall.RESET)
+        if in_flight:
+            busy = sorted(self._sent.envs.intersection(ids))
+            if busy:
+                raise StateError(f"env(s) {busy} are still in flight; recv() them first")
+        else:
+            await self._flight.clear_break()
+            unbuilt = await self._flight.rebuild_lost(self._all)
+            if unbuilt:
+                self._life.break_("reset() could not rebuild lost envs")
+                raise error_for(unbuilt, "reset()")
         autoreset = self._autoreset
+        explicit = [None] * len(ids) if options is None else options
         plan: list[Any] = [
-            Autoreset(Reset(seeds[i], autoreset.reset_options(i, None)), True) for i in self._all
+            Autoreset(Reset(seeds[k], autoreset.reset_options(i, explicit[k])), True)
+            for k, i in enumerate(ids)
         ]
-        autoreset.was_reset(None)
-        op = StepOp(self.autoreset_mode, [None] * self.num_envs, plan, batch=None, stream=True)
-        self._flight.send(self._all, op, "reset()")
+        mask = None
+        if env_ids is not None:
+            mask = np.zeros(self.num_envs, np.bool_)
+            mask[list(ids)] = True
+        autoreset.was_reset(mask)
+        op = StepOp(self.autoreset_mode, [None] * len(ids), plan, batch=None, stream=True)
+        self._flight.send(ids, op, "reset()")
 
     def _timeout_of(self, name: str) -> float | None:
         """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""

@@ -13,10 +13,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import gymnasium
 import numpy as np
 import pytest
-from conftest import MODES, SPACES, open_front_end, space_env_fns
+from conftest import MODES, SPACES, open_front_end, random_policy, space_env_fns
 from faults.leaks import LeakCheck
 from gymnasium.vector import AutoresetMode
 
@@ -61,16 +60,6 @@ def run_collector(
 
     adapter.run(main())
     return got
-
-
-def random_policy(space: gymnasium.spaces.Space[Any]) -> Callable[..., Any]:
-    rng = np.random.default_rng(3)
-
-    def policy(obs: Any, env_ids: np.ndarray) -> Any:
-        space.seed(int(rng.integers(2**31)))
-        return np.array([space.sample() for _ in env_ids]), {"tag": env_ids * 10}
-
-    return policy
 
 
 def trajectories(batches: Sequence[aiovec.SegmentBatch]) -> dict[int, dict[str, np.ndarray]]:

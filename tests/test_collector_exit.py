@@ -1,4 +1,4 @@
-"""Leaving a Collector's loop is prompt in every way, with an ``async def`` policy.
+"""Leaving a collector's loop is prompt in every way, with an ``async def`` policy.
 
 Envs that wait 2-10 ms a step and a policy that awaits 5-30 ms (a model
 server), as an LLM agent has them: whenever the loop is left, some env calls
@@ -7,14 +7,17 @@ and some policy calls are in flight.  Each way of leaving (``break`` inside
 consuming task, an error or Ctrl-C inside the loop) is tried many times at
 random moments, on the inline and process backends and both front ends; each
 must return (a hang fails the test by its ``asyncio.timeout``), cancel every
-policy call, and leave a vector env that a ``reset()`` makes usable.
+policy call, and leave a vector env that a ``reset()`` makes usable.  Both
+collectors are tried: ``aiovec.Collector`` and ``aiovec.EpisodeCollector``
+(whose envs also start episodes while others are in flight).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium
@@ -28,7 +31,10 @@ HANG = 5.0  # seconds: far beyond any exit; only a hang reaches it
 
 
 class WaitingEnv(aiovec.AsyncEnv[np.ndarray, int]):
-    """Each step waits 2-10 ms, as an env behind a network service does."""
+    """Each step waits 2-10 ms, as an env behind a network service does.
+
+    An episode ends at each step with probability ``options["ends"]`` (0.05).
+    """
 
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
     action_space = gymnasium.spaces.Discrete(2)
@@ -37,11 +43,13 @@ class WaitingEnv(aiovec.AsyncEnv[np.ndarray, int]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         await super().reset(seed=seed)
+        self.ends = (options or {}).get("ends", 0.05)  # an episode's end, per step
         return np.zeros(2, np.float32), {}
 
     async def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         await asyncio.sleep(self.np_random.uniform(0.002, 0.010))
-        return np.zeros(2, np.float32), 1.0, bool(self.np_random.random() < 0.05), False, {}
+        ended = bool(self.np_random.random() < self.ends)
+        return np.zeros(2, np.float32), 1.0, ended, False, {}
 
 
 class ServerPolicy:
@@ -60,8 +68,19 @@ class ServerPolicy:
         return np.zeros(len(env_ids), np.int64)
 
 
-def collector(venv: Any, policy: ServerPolicy) -> aiovec.Collector:
-    return aiovec.Collector(venv, policy, segment_length=4, batch_size=2, seed=0)
+COLLECTORS: dict[str, Callable[[Any, ServerPolicy], Any]] = {
+    "segments": lambda venv, policy: aiovec.Collector(
+        venv, policy, segment_length=4, batch_size=2, seed=0
+    ),
+    "episodes": lambda venv, policy: aiovec.EpisodeCollector(
+        venv, policy, batch_size=2, group_size=2, tasks=itertools.repeat({"ends": 0.3}), seed=0
+    ),
+}
+KIND: list[str] = ["segments"]  # the collector the ways below build (set by each test)
+
+
+def collector(venv: Any, policy: ServerPolicy) -> Any:
+    return COLLECTORS[KIND[0]](venv, policy)
 
 
 async def leave_by_break(venv: Any, policy: ServerPolicy, after: int) -> None:
@@ -121,11 +140,18 @@ WAYS: dict[str, Callable[[Any, ServerPolicy, int], Any]] = {
 }
 
 
+@pytest.fixture(params=list(COLLECTORS))
+def kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    KIND[0] = request.param
+    yield request.param
+    KIND[0] = "segments"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["inline", "process"])
 @pytest.mark.parametrize("way", list(WAYS))
-def test_leaving_the_loop_with_an_async_policy_returns(way: str, backend: str) -> None:
-    rng = random.Random(f"{way}-{backend}")
+def test_leaving_the_loop_with_an_async_policy_returns(way: str, backend: str, kind: str) -> None:
+    rng = random.Random(f"{way}-{backend}" + ("" if kind == "segments" else "-episodes"))
 
     async def main() -> None:
         venv = aiovec.AsyncioVectorEnv([WaitingEnv] * 8, backend=backend, num_workers=2)
@@ -146,8 +172,10 @@ def test_leaving_the_loop_with_an_async_policy_returns(way: str, backend: str) -
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["inline", "process"])
 @pytest.mark.parametrize("leave", [StopIteration, Boom, KeyboardInterrupt])
-def test_leaving_the_blocking_loop_returns(backend: str, leave: type[BaseException]) -> None:
-    rng = random.Random(f"{leave.__name__}-{backend}")
+def test_leaving_the_blocking_loop_returns(
+    backend: str, leave: type[BaseException], kind: str
+) -> None:
+    rng = random.Random(f"{leave.__name__}-{backend}" + ("" if kind == "segments" else "-e"))
     with aiovec.BlockingVectorEnv([WaitingEnv] * 8, backend=backend, num_workers=2) as venv:
         for t in range(TRIES // 2):
             policy = ServerPolicy(t)
@@ -165,7 +193,7 @@ def test_leaving_the_blocking_loop_returns(backend: str, leave: type[BaseExcepti
             venv.reset(seed=t)  # usable again
 
 
-def test_one_stop_at_a_time() -> None:
+def test_one_stop_at_a_time(kind: str) -> None:
     """Two stops at once (the hang's cause): both return, one cancelled waiter does no harm."""
 
     async def main() -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import create_empty_array
 
-__all__ = ("SegmentBatch", "SegmentBook", "as_tree", "row_infos", "tree_map")
+__all__ = ("Book", "SegmentBatch", "SegmentBook", "as_tree", "row_infos", "tree_map")
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
@@ -119,7 +119,52 @@ class _Finished:
     oldest: np.ndarray  # each segment's lowest policy version
 
 
-class SegmentBook:
+class Book:
+    """What a collector's driver tells a book, and what every env shows now.
+
+    The seam between the driver and where rows go (`SegmentBook`, or
+    `aiovec._core.episodes.EpisodeBook`): the driver tells a book what each
+    env was shown (`observed`), what the policy chose (``acted``) and what the
+    step gave (``stepped``); the book shows the policy its input (`shown`).
+    """
+
+    def __init__(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], num_envs: int
+    ) -> None:
+        self.action_space = action_space
+        self.num_envs = num_envs
+        self.last_obs = _empty(observation_space, (num_envs,))
+
+    def observed(self, ids: np.ndarray, obs: Any) -> None:
+        """Envs ``ids`` now show ``obs`` (rows in the order of ``ids``)."""
+        tree_map(lambda buf, v: buf.__setitem__(ids, v), self.last_obs, obs)
+
+    def action_rows(self) -> Any:
+        """Zeros of one action per env (``(num_envs, ...)``)."""
+        return _empty(self.action_space, (self.num_envs,))
+
+    def shown(self, ids: np.ndarray) -> Any:
+        """What envs ``ids`` show now: the policy's input."""
+        return tree_map(lambda buf: buf[ids], self.last_obs)
+
+    def acted(self, ids: np.ndarray, actions: Any, extras: Mapping[str, Any], version: int) -> None:
+        """The policy (``version``) chose ``actions`` (and ``extras``) for envs ``ids``."""
+        raise NotImplementedError
+
+    def stepped(  # noqa: PLR0917  (one transition's fields)
+        self,
+        ids: np.ndarray,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        truncations: np.ndarray,
+        next_obs: Any,
+        infos: Sequence[dict[str, Any]] | None = None,
+    ) -> object:
+        """The steps of envs ``ids`` ended (``next_obs``: the final one where one ended)."""
+        raise NotImplementedError
+
+
+class SegmentBook(Book):
     """Each env's segment being filled, and the finished ones in the order they finished."""
 
     def __init__(
@@ -129,10 +174,9 @@ class SegmentBook:
         num_envs: int,
         length: int,
     ) -> None:
+        super().__init__(observation_space, action_space, num_envs)
         self.length = length
-        self.action_space = action_space
         self.pos = np.zeros(num_envs, dtype=np.int64)
-        self.last_obs = _empty(observation_space, (num_envs,))
         shape = (num_envs, length)
         self._fields: dict[str, Any] = {
             "obs": _empty(observation_space, shape),
@@ -147,18 +191,6 @@ class SegmentBook:
         self._infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(num_envs)]
         self.finished: deque[tuple[_Finished, int]] = deque()
         """Finished segments in the order they finished (their group, their row in it)."""
-
-    def observed(self, ids: np.ndarray, obs: Any) -> None:
-        """Envs ``ids`` now show ``obs`` (rows in the order of ``ids``)."""
-        tree_map(lambda buf, v: buf.__setitem__(ids, v), self.last_obs, obs)
-
-    def action_rows(self) -> Any:
-        """Zeros of one action per env (``(num_envs, ...)``)."""
-        return _empty(self.action_space, (len(self.pos),))
-
-    def shown(self, ids: np.ndarray) -> Any:
-        """What envs ``ids`` show now: the policy's input."""
-        return tree_map(lambda buf: buf[ids], self.last_obs)
 
     def acted(self, ids: np.ndarray, actions: Any, extras: Mapping[str, Any], version: int) -> None:
         """The policy (``version``) chose ``actions`` (and ``extras``) for envs ``ids``."""
