@@ -18,6 +18,13 @@ Both end through one skeleton, `Flight._finish`:
 5. the failures left raise `aiovec.EnvError` (`aiovec.EnvTimeoutError`,
    `aiovec.WorkerDiedError`, by their causes), in the state the call leaves.
 
+A lock-step step takes `Flight.step`, a straight path beside that skeleton: it
+launches the op and, when the backend answered every env at once with well-formed
+results (sync envs driven here), returns them without a coroutine of its own.  Any
+news (an env still out, an error, a malformed result, envs sent earlier, an
+exception out of the launch) is handed over, once, to `Flight._finish`, which goes
+on from the launch as `Flight.run` would.
+
 Waiting is `Flight.collect`'s: it asks the backend for outcomes until enough
 are in, cancels each env past its own deadline (``step_timeout`` or
 ``reset_timeout`` from the env's own start; `aiovec._core.deadlines`) and
@@ -96,6 +103,34 @@ class Flight:
         vector env becomes ``BROKEN``; otherwise its state is restored.
         """
         return self._finish(self.gather(indices, op), op.name, None, False, self.life.state, breaks)
+
+    def step(self, indices: Sequence[int], op: Op) -> Results | Coroutine[Any, Any, Results]:
+        """`run` of a lock-step step (it ``breaks``): the results, or a coroutine to await.
+
+        The straight path (see the module) returns every env's results when they
+        all came at once, cleanly; anything else is handed over to `_finish`.
+        """
+        sent, life = self.sent, self.life
+        before = life.state
+        if sent.envs or sent.held != ({}, {}):  # a step amid sent envs: the general path
+            return self.run(indices, op, breaks=True)
+        backend = self.backend
+        life.state = State.BUSY
+        since = time.perf_counter()
+        try:
+            backend.launch(indices, op)
+            if backend.pending:
+                outcomes = self._launched(indices, op.name, since, None)
+            else:
+                results, errors = backend.take()
+                self.check_steps(results, errors)
+                if not errors:
+                    life.state = before
+                    return results
+                outcomes = _given((results, errors))
+        except BaseException as exc:  # Ctrl-C out of a sync env: unwound by the general path
+            outcomes = _raised(exc)
+        return self._finish(outcomes, op.name, None, False, before, True)
 
     def receive(
         self, call: str, wanted: int, wait: float | None, *, strict: bool
@@ -199,22 +234,28 @@ class Flight:
         """
         backend, name = self.backend, op.name
         unbuilt = await self.rebuild_lost(indices) if name == "reset" else None
-        timeout = self._timeout_of(name)
-        since = 0.0 if timeout is None else time.perf_counter()
+        since = time.perf_counter()
         own = set(indices) if self.sent.envs else None  # a restart amid sent envs
         backend.launch(indices, op)
         if not backend.pending:
             outcomes = self.sent.keep(backend.take(), own)
         else:
-            if self.unwound is None:
-                self.unwound = asyncio.get_running_loop().create_future()
-            if timeout is None and own is None:
-                outcomes = await backend.collect(len(indices))
-            else:
-                outcomes = await self.collect(len(indices), timeout, name, lambda i: since, own=own)
+            outcomes = await self._launched(indices, name, since, own)
         if unbuilt:
             outcomes[1].update(unbuilt)  # why they are still lost
         return outcomes
+
+    async def _launched(
+        self, indices: Sequence[int], name: str, since: float, own: set[int] | None
+    ) -> Outcomes:
+        """Collect the outcomes of a call launched at ``since`` on ``indices``, some still out."""
+        backend = self.backend
+        if self.unwound is None:
+            self.unwound = asyncio.get_running_loop().create_future()
+        timeout = self._timeout_of(name)
+        if timeout is None and own is None:
+            return await backend.collect(len(indices))
+        return await self.collect(len(indices), timeout, name, lambda i: since, own=own)
 
     async def rebuild_lost(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
@@ -313,7 +354,8 @@ class Flight:
             else:
                 results.update(more_results)
                 errors.update(more_errors)
-        if expired:  # the outcomes their cancellation delivered
+        if expired:  # the outcomes their cancellation delivered; nothing of theirs left running
+            await backend.settle_cancelled()
             more_results, more_errors = sent.keep(backend.take(), own)
             results.update(more_results)
             errors.update(more_errors)
@@ -396,6 +438,16 @@ def error_for(errors: dict[int, BaseException], operation: str) -> EnvError:
     if kind is EnvError and any(isinstance(e, TimeoutError) for e in causes.values()):
         kind = EnvTimeoutError
     return kind(causes, operation)
+
+
+async def _given(outcomes: Outcomes) -> Outcomes:
+    """Outcomes already in, as `Flight._finish` awaits them."""
+    return outcomes
+
+
+async def _raised(error: BaseException) -> NoReturn:
+    """Raise ``error`` where `Flight._finish` awaits outcomes (a launch that raised)."""
+    raise error
 
 
 def _not_before(start: float | None, launched: float) -> float | None:

@@ -32,8 +32,8 @@ import contextlib
 import contextvars
 import warnings
 from collections.abc import Callable, Coroutine, Mapping, MutableMapping, Sequence
-from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from types import CoroutineType, TracebackType
+from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
 import numpy as np
@@ -397,7 +397,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             batch=self._batch_of(actions, reset_first),
             timed=self.step_timeout is not None,
         )
-        return self._stepped(await self._flight.run(self._all, op, breaks=True))
+        results = self._flight.step(self._all, op)
+        if isinstance(results, CoroutineType):  # handed over: some env is still out, or news
+            return self._stepped(await results)
+        return self._stepped(cast("MutableMapping[int, Any]", results))
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
         """The batch of a step whose every env answered; the vector env is ready."""

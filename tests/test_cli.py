@@ -451,7 +451,7 @@ def test_bench_refuses_bad_options(capsys, args, message):
 
 
 def test_plan_covers_backends_sizes_and_worker_counts():
-    configs, skipped = bench.plan("sync", ["inline", "process", "ray"], [1, 4], [1, 2])
+    configs, skipped = bench.plan("sync", ["inline", "process", "ray"], [1, 4], [1, 2], cores=8)
     assert configs == [
         bench.Config("inline", 1),
         bench.Config("inline", 4),
@@ -461,6 +461,40 @@ def test_plan_covers_backends_sizes_and_worker_counts():
     ]
     assert len(skipped) == 1
     assert skipped[0].startswith("ray: ")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins workers: Linux only")
+def test_plan_tries_both_placements_where_the_default_pins_a_worker_per_cpu():
+    configs, _ = bench.plan("sync", ["process"], [4], [1, 2], cores=2, partial=True)
+    assert configs == [
+        bench.Config("process", 4, 1),
+        bench.Config("process", 4, 2),
+        bench.Config("process", 4, 2, unpinned=True),
+        bench.Config("process", 4, 1, collector=True),
+        bench.Config("process", 4, 2, collector=True),
+        bench.Config("process", 4, 2, collector=True, unpinned=True),
+    ]
+    unpinned = configs[2]
+    assert unpinned.kind == "process, 2 workers, cpus=None"
+    assert unpinned.backend_options == {"cpus": None}
+    assert 'backend_options={"cpus": None}' in unpinned.code("make")
+    assert configs[1].backend_options is None
+    # within the noise, the default placement is the simpler one
+    assert (
+        bench.simplicity(configs[1])
+        < bench.simplicity(unpinned)
+        < bench.simplicity(bench.Config("process", 4, 4))
+    )
+
+
+def test_bench_measures_both_placements(envs_py, capsys):
+    cores = len(bench.usable_cpus())
+    args = ["--backends", "process", "--workers", str(cores), "--num-envs", str(cores)]
+    assert main(["bench", f"{envs_py}:make_env", *FAST, *args, "--no-collector"]) == 0
+    out = capsys.readouterr().out
+    assert f"process, {cores} worker{'s' * (cores > 1)} " in out
+    if hasattr(os, "sched_setaffinity"):
+        assert f"process, {cores} worker{'s' * (cores > 1)}, cpus=None " in out
 
 
 def test_plan_adds_partial_stepping_through_the_collector():

@@ -757,6 +757,48 @@ def test_without_an_alarm_a_streamed_step_pauses_after_each_sync_env(
     hosted.close()
 
 
+def test_jobs_answer_a_whole_step_of_sync_envs_once_and_a_timed_one_env_by_env(
+    hosting: Callable[..., _Hosted],
+) -> None:
+    # Without a deadline a step of sync envs is stepped at once and answered once (its
+    # flow never pauses); under one, with no alarm (a Ray actor's worker), each sync
+    # env's result is published as it ends, so that a deadline blames the env running.
+    hosted = hosting([Odd] * 3)
+    for j, env in enumerate(hosted.envs):
+        env.reset(seed=j)
+    whole = _messages.StepRequest(1, range(3), "NextStep", [False] * 3, [0] * 3)
+    flow = hosted.worker.handle(whole)
+    assert flow is not None
+    assert list(flow) == []
+    assert [(seq, body.envs) for seq, body in hosted.sink.replies] == [(1, None)]
+    hosted.sink.replies.clear()
+    timed = _messages.StepRequest(2, range(3), "NextStep", [False] * 3, [0] * 3, timed=True)
+    hosted.handle(timed)
+    parts = [(seq, body.envs) for seq, body in hosted.sink.replies]
+    assert parts == [(2, [0]), (2, [1]), (2, None)]
+    hosted.close()
+
+
+def test_jobs_answer_a_call_once_each_env_s_outcome_in_order_async_envs_as_tasks(
+    hosting: Callable[..., _Hosted],
+) -> None:
+    fns = [Odd, lambda: aiovec.testing.AsyncTwin(Odd(), seed=1), Odd]
+    hosted = hosting(fns)
+    hosted.envs[0].t = 7
+    op = CallOp([GetAttr("t"), GetAttr("t"), GetAttr("missing")], "get_attr")
+    assert hosted.worker.handle(_messages.Call(3, range(3), op)) is None
+    assert hosted.worker.jobs.running  # the async env's call runs as a task on the loop
+    assert hosted.sink.replies == []  # one reply, once every env is done
+    loop = hosted.loop()
+    loop.run_until_complete(hosted.worker.jobs.until(loop.create_future()))
+    ((seq, reply),) = hosted.sink.replies
+    assert seq == 3
+    assert [value for value, _ in reply.outcomes[:2]] == [7, 0]
+    assert reply.outcomes[2][0] is None
+    assert isinstance(reply.outcomes[2][1], AttributeError)
+    hosted.close()
+
+
 def test_a_worker_leaves_stop_to_its_transport(hosting: Callable[..., _Hosted]) -> None:
     hosted = hosting([Odd])
     with pytest.raises(TypeError, match=r"a worker cannot handle Stop\(\)"):

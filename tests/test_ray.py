@@ -535,3 +535,37 @@ async def test_an_actor_cancels_a_call_whose_cancel_came_before_it(tmp_path):
         assert not actor.waiting
     finally:
         gate.release()
+
+
+# --------------------------------------------------------------------------- nothing left behind
+
+
+def _others() -> set[asyncio.Task[Any]]:
+    """The tasks of this loop that have not finished, but the test's own."""
+    current = asyncio.current_task()
+    return {task for task in asyncio.all_tasks() if task is not current and not task.done()}
+
+
+@needs_ray
+@pytest.mark.timeout(60)
+@pytest.mark.asyncio
+async def test_a_timed_out_step_leaves_no_task_of_its_own_running(ray_cluster, tmp_path):
+    """Issue 34: an async env past ``step_timeout`` is cancelled in its actor; the step's
+    streamed replies are received to their end before `aiovec.EnvTimeoutError` is raised."""
+    from conftest import shared_actors
+
+    gate = Gate(tmp_path)
+    fns = [functools.partial(_gated, gate, i == 0) for i in range(NUM_ENVS)]
+    before = _others()
+    venv = aiovec.AsyncioVectorEnv(
+        fns, backend="ray", num_workers=2, step_timeout=0.5, **shared_actors("ray")
+    )
+    try:
+        await venv.reset(seed=0)
+        with pytest.raises(aiovec.EnvTimeoutError) as caught:
+            await venv.step(np.zeros(NUM_ENVS, np.int64))
+        assert set(caught.value.errors) == {0}
+        assert _others() == before  # the step's streamed task ended before the error
+    finally:
+        gate.release()
+        await venv.close()

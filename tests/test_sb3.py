@@ -259,6 +259,38 @@ def test_reset_after_step_async_collects_the_step_in_flight():
     venv.close()
 
 
+@pytest.mark.parametrize("backend", ["inline", "thread", "process"])
+def test_a_second_step_async_is_refused_and_the_first_step_still_collected(backend):
+    """Inline keeps the actions for step_wait's step; the others send them: the same rules."""
+    venv = build("blocking", backend, "sync", space_env("box-discrete"))
+    theirs = DummyVecEnv([space_env("box-discrete")] * NUM_ENVS)
+    try:
+        venv.seed(3)
+        theirs.seed(3)
+        venv.reset()
+        theirs.reset()
+        venv.step_async(np.ones(NUM_ENVS, np.int64))
+        with pytest.raises(aiovec.StateError, match=r"still in flight"):
+            venv.step_async(np.zeros(NUM_ENVS, np.int64))
+        assert_same(list(venv.step_wait()), list(theirs.step(np.ones(NUM_ENVS, np.int64))))
+    finally:
+        venv.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("backend", ["inline", "thread"])
+def test_reset_after_step_async_drops_or_collects_the_step(backend):
+    venv = build("blocking", backend, "sync", space_env("box-discrete"))
+    venv.reset()
+    venv.step_async(np.zeros(NUM_ENVS, np.int64))
+    obs = venv.reset()
+    assert obs.shape == (NUM_ENVS, 3)
+    with pytest.raises(aiovec.StateError, match="no env is in flight"):  # nothing to collect
+        venv.step_wait()
+    assert len(venv.step(np.zeros(NUM_ENVS, np.int64))[3]) == NUM_ENVS
+    venv.close()
+
+
 def test_a_restarted_env_is_a_truncation_without_terminal_observation():
     def make():
         return FaultyEnv(SpaceEnv(min_len=50, max_len=50), method="step", at=2)

@@ -16,7 +16,11 @@ Theory of operation
    ``process``), each twice: lock-step ``step()``, and partial stepping through
    `aiovec.Collector` (``_cli/partial.py``; ``--no-collector`` leaves it out).
    The tie rule ranks lock-step as simpler, so the collector is recommended only
-   where it is faster beyond the noise.  A backend that cannot run here
+   where it is faster beyond the noise.  A ``process`` configuration with one
+   worker per usable CPU, which the default ``cpus="auto"`` pins one per CPU, is
+   measured with ``backend_options={"cpus": None}`` too (the OS places the
+   workers: on a machine shared with other work pinning can lose); the default
+   placement ranks as simpler.  A backend that cannot run here
    (``thread`` for async envs, a backend not in this release, a missing optional
    dependency) is listed as skipped, with the reason.
 4. **Measure** each configuration ``--repeats`` times (3 by default),
@@ -35,7 +39,8 @@ Theory of operation
 The tie rule (`choose`): the fastest configuration is the one with the highest
 median; every configuration whose range of rates over the repeats overlaps the
 fastest one's is *within the noise* of it, and the simplest of those (`simplicity`:
-inline, thread, process, ray; then fewer workers; then fewer envs) is the one
+inline, thread, process, ray; then fewer workers; then the default placement;
+then fewer envs) is the one
 recommended, saying so.  Two runs on the same env thus recommend the same
 configuration, or say that the two are tied.
 
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -143,6 +149,7 @@ class Config:
     num_envs: int
     num_workers: int | None = None  # None: the backend's default
     collector: bool = False  # partial stepping through aiovec.Collector, not step()
+    unpinned: bool = False  # process: backend_options={"cpus": None} (the OS places workers)
 
     @property
     def kind(self) -> str:
@@ -150,11 +157,20 @@ class Config:
         kind = self.backend
         if self.num_workers is not None:
             kind += f", {self.num_workers} worker{'s' * (self.num_workers > 1)}"
+        if self.unpinned:
+            kind += ", cpus=None"
         return kind + (" + Collector" if self.collector else "")
+
+    @property
+    def backend_options(self) -> dict[str, Any] | None:
+        """The ``backend_options`` this configuration passes (``None``: none)."""
+        return {"cpus": None} if self.unpinned else None
 
     def code(self, factory: str) -> str:
         """The line that builds this configuration (two with the collector)."""
         workers = "" if self.num_workers is None else f", num_workers={self.num_workers}"
+        if self.unpinned:
+            workers += ', backend_options={"cpus": None}'
         line = (
             f'aiovec.AsyncioVectorEnv([{factory}] * {self.num_envs}, backend="{self.backend}"'
             f"{workers})"
@@ -335,11 +351,18 @@ def plan(
     workers: Sequence[int],
     *,
     partial: bool = False,
+    cores: int | None = None,
 ) -> tuple[list[Config], list[str]]:
     """Configurations to measure, and one line per backend skipped (with the reason).
 
-    ``partial``: each configuration also through a `aiovec.Collector`.
+    ``partial``: each configuration also through a `aiovec.Collector`.  A process
+    configuration with one worker per usable CPU (``cores``, default: this
+    machine's), which the default ``cpus="auto"`` pins one per CPU, is measured
+    with ``cpus=None`` too (the OS places the workers): on a machine shared with
+    other work, pinning can lose.
     """
+    if cores is None:
+        cores = len(usable_cpus())
     configs: list[Config] = []
     skipped: list[str] = []
     for backend in backends:
@@ -349,11 +372,15 @@ def plan(
             continue
         for n in sizes:
             if backend == "process":
-                configs += [Config(backend, n, w) for w in workers if w <= n]
+                for w in workers:
+                    if w <= n:
+                        configs.append(Config(backend, n, w))
+                        if w == cores and hasattr(os, "sched_setaffinity"):  # "auto" pins
+                            configs.append(Config(backend, n, w, unpinned=True))
             else:
                 configs.append(Config(backend, n))
     if partial:
-        configs += [Config(c.backend, c.num_envs, c.num_workers, True) for c in configs]
+        configs += [dataclasses.replace(c, collector=True) for c in configs]
     return configs, skipped
 
 
@@ -383,7 +410,10 @@ async def _measure(
     factory: Factory, config: Config, seconds: float, memory: PeakMemory
 ) -> StepTimes:
     venv: aiovec.AsyncioVectorEnv[Any, Any] = aiovec.AsyncioVectorEnv(
-        [factory.make] * config.num_envs, backend=config.backend, num_workers=config.num_workers
+        [factory.make] * config.num_envs,
+        backend=config.backend,
+        num_workers=config.num_workers,
+        backend_options=config.backend_options,
     )
     async with venv:
         venv.action_space.seed(0)
@@ -414,13 +444,16 @@ def within_noise(a: Sequence[float], b: Sequence[float]) -> bool:
     return min(a) <= max(b) and min(b) <= max(a)
 
 
-def simplicity(config: Config) -> tuple[int, int, int, int]:
-    """A sort key, simplest first: lock-step, the backend (`SIMPLER`), fewer workers, fewer envs.
+def simplicity(config: Config) -> tuple[int, int, int, int, int]:
+    """A sort key, simplest first: lock-step, backend (`SIMPLER`), workers, placement, envs.
 
-    A collector configuration is recommended only where it is faster beyond the noise.
+    Fewer workers, the default placement and fewer envs are simpler.  A collector
+    configuration is recommended only where it is faster beyond the noise, and so is
+    ``cpus=None``.
     """
     rank = SIMPLER.index(config.backend) if config.backend in SIMPLER else len(SIMPLER)
-    return int(config.collector), rank, config.num_workers or 0, config.num_envs
+    workers = config.num_workers or 0
+    return int(config.collector), rank, workers, int(config.unpinned), config.num_envs
 
 
 @dataclass(frozen=True)

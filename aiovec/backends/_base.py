@@ -297,6 +297,15 @@ class Backend(abc.ABC):
                 self._waiter = None
         return self.take()
 
+    async def settle_cancelled(self) -> None:
+        """Let the transport's own work for calls cancelled by `cancel` end (a deadline's).
+
+        Nothing to do where a cancelled call leaves nothing running in this
+        process; a transport that receives a call's replies in a task of its own
+        (Ray's streamed steps) waits for those tasks here, briefly.
+        """
+        return
+
     async def drain(self) -> Outcomes:
         """Cancel whatever is in flight and wait for every outcome."""
         if self.pending:

@@ -65,7 +65,7 @@ from aiovec._core.ops import Op, StepOp
 from aiovec._errors import WorkerDiedError
 from aiovec.backends import _drive as drive
 from aiovec.backends._base import EnvTraits
-from aiovec.backends._grouped import GroupedBackend, close_op, ready_traits
+from aiovec.backends._grouped import STUCK_GRACE, GroupedBackend, close_op, ready_traits
 from aiovec.backends._messages import (
     Failed,
     Ready,
@@ -258,7 +258,8 @@ class RayBackend(GroupedBackend):
         self._options = {**_DEFAULT_OPTIONS, **options}
         self._remote = _RemoteGroup.options(**self._options)  # Ray checks the options
         self._receive: StepArrays | None = None  # step rows, copied out of the replies
-        self._streams: set[asyncio.Task[None]] = set()  # streamed steps being received
+        # streamed steps being received, and the request each answers
+        self._streams: dict[asyncio.Task[None], Request] = {}
         self._seq = 0  # the number of the newest request (an actor cancels by it)
         self._finalizer = weakref.finalize(self, _kill_all, self.workers)
         return num_workers or _cluster_cpus()
@@ -375,8 +376,8 @@ class RayBackend(GroupedBackend):
                 request = self.table.track(worker, envs, since, op, seq)
                 self.table.wait_on(request, envs)
                 task = asyncio.get_running_loop().create_task(self._stream(request, parts))
-                self._streams.add(task)
-                task.add_done_callback(self._streams.discard)
+                self._streams[task] = request
+                task.add_done_callback(self._stream_ended)
                 return
             if isinstance(op, StepOp):
                 message = StepRequest(
@@ -403,6 +404,27 @@ class RayBackend(GroupedBackend):
                 self._finish(i, None, exc)
         except _DEATHS as exc:
             self._on_death(request.worker, exc)
+
+    def _stream_ended(self, task: asyncio.Task[None]) -> None:
+        del self._streams[task]
+
+    async def settle_cancelled(self) -> None:
+        """Receive the streamed steps no env waits on to their end (`STUCK_GRACE` s at most).
+
+        Their envs were all cancelled or answered, and are all async: an async env's
+        call cancelled in its actor ends at once, the stream's last part follows, and no
+        task of a call that already raised is left running.  (A sync env's call runs on
+        to its end, blocking its actor: its stream is not waited for.)
+        """
+        table = self.table
+        waiting_on = table.waiting_on
+        ended = [
+            task
+            for task, request in self._streams.items()
+            if all(waiting_on[i] is not request and table.cancellable(i) for i in request.envs)
+        ]
+        if ended:
+            await asyncio.wait(ended, timeout=STUCK_GRACE)
 
     def _deliver(self, request: Request, future: asyncio.Future[Any]) -> None:
         """On the loop: a remote call ended; hand its envs' outcomes over."""

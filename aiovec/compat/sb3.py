@@ -26,9 +26,13 @@ adapter translates each and keeps no rule of its own:
    options, so envs whose options differ are reset group by group with
    ``reset_mask`` (each env once); that needs a first reset.
 4. **``step_async``/``step_wait``** are aiovec's ``send``/``recv``: the envs
-   run between the two calls where they can (threads, worker processes).  A
-   ``reset()`` after ``step_async`` first collects the steps in flight (SB3
-   says they are cancelled; their results are discarded).  A step before the
+   run between the two calls where they can (threads, worker processes).  On
+   ``backend="inline"`` the envs run on the caller's thread either way, so
+   ``step_async`` only keeps the actions and ``step_wait`` makes one lock-step
+   ``step`` of them (one call into the event loop instead of two; the actions
+   are checked there).  A ``reset()`` after ``step_async`` first collects the
+   steps in flight (SB3 says they are cancelled; their results are discarded;
+   actions only kept are dropped).  A step before the
    first ``reset()``, which SB3's vec envs hand to envs never reset, resets
    them first: aiovec's vector env needs that reset.
 5. **Indices.**  SB3's ``indices`` are aiovec's ``env_ids``: ``get_attr``,
@@ -70,7 +74,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.lifecycle import State
-from aiovec._errors import EnvError
+from aiovec._errors import EnvError, StateError
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
 
@@ -154,17 +158,15 @@ def unbatch_infos(
         if key.startswith("_"):
             continue
         mask = infos.get(f"_{key}")
+        envs = range(num_envs) if mask is None else np.flatnonzero(mask).tolist()
         if isinstance(value, dict):
             values: Any = unbatch_infos(value, num_envs, copy=copy)
         elif copy and isinstance(value, np.ndarray) and value.dtype == object:
-            values = [
-                _copy.deepcopy(v) if mask is None or mask[i] else None for i, v in enumerate(value)
-            ]
+            values = dict(zip(envs, _copy.deepcopy([value[i] for i in envs]), strict=True))
         else:
             values = value
-        for i, env_info in enumerate(per_env):
-            if mask is None or mask[i]:
-                env_info[key] = values[i]
+        for i in envs:
+            per_env[i][key] = values[i]
     return per_env
 
 
@@ -198,6 +200,9 @@ class SB3VecEnv(VecEnv):
         self._copies = _envs_in_this_process(venv)  # their infos may hold the envs' objects
         self._runner = Runner() if isinstance(venv, AsyncioVectorEnv) else None
         self._sent = False
+        # inline: step_async keeps the actions here (in a 1-tuple) for step_wait's step
+        self._held: tuple[Any] | None = None
+        self._keeps = _backend_of(venv) == "inline"
         try:
             super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
         except BaseException:
@@ -264,19 +269,33 @@ class SB3VecEnv(VecEnv):
         """
         if self.venv.state is State.NEEDS_RESET:  # SB3 steps envs never reset: reset them first
             self.reset()
-        self._do("send", self._batched(actions))
+        if self._keeps:  # inline: step_wait steps them (the envs run on this thread anyway)
+            if self._held is not None:
+                raise StateError(
+                    f"env(s) {list(range(self.num_envs))} are still in flight from "
+                    "step_async(); step_wait() them first"
+                )
+            self._held = (self._batched(actions),)
+        else:
+            self._do("send", self._batched(actions))
         self._sent = True
 
     def step_wait(self) -> VecEnvStepReturn:
         """Wait for the step started by `step_async` (aiovec's ``recv``)."""
         self._sent = False
-        obs, rewards, terminations, truncations, infos, _ids = self._do("recv")
+        held, self._held = self._held, None
+        if held is not None:  # inline: the one straight path, a lock-step step
+            obs, rewards, terminations, truncations, infos = self._do("step", held[0])
+        else:
+            obs, rewards, terminations, truncations, infos, _ids = self._do("recv")
         dones = terminations | truncations
         per_env = unbatch_infos(infos, self.num_envs, copy=self._copies)
-        for i in np.flatnonzero(dones).tolist():
-            per_env[i] = self._ended(i, per_env[i])
-        for i, info in enumerate(per_env):
-            info["TimeLimit.truncated"] = bool(truncations[i] and not terminations[i])
+        if dones.any():
+            for i in np.flatnonzero(dones).tolist():
+                per_env[i] = self._ended(i, per_env[i])
+        cut = (truncations & ~terminations).tolist()  # a time limit, not the episode's end
+        for info, limit in zip(per_env, cut, strict=True):
+            info["TimeLimit.truncated"] = limit
         return obs, rewards.astype(np.float32), dones, per_env
 
     def close(self) -> None:
@@ -350,7 +369,9 @@ class SB3VecEnv(VecEnv):
     def _collect_sent(self) -> None:
         if self._sent:
             self._sent = False
-            self._do("recv")
+            if self._held is None:
+                self._do("recv")
+            self._held = None  # inline: the step never ran
 
     def _ended(self, i: int, info: dict[str, Any]) -> dict[str, Any]:
         """SB3's info of env ``i``, which ended and was reset in this step."""
@@ -384,6 +405,12 @@ class SB3VecEnv(VecEnv):
         batch = create_empty_array(space, self.num_envs)
         assert batch is not None  # a Dict or Tuple space
         return concatenate(space, actions, batch)
+
+
+def _backend_of(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> str:
+    """The backend's name (``"inline"``, ``"process"``, ...)."""
+    front = venv.vector_env if isinstance(venv, BlockingVectorEnv) else venv
+    return front.backend
 
 
 def _envs_in_this_process(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> bool:
