@@ -186,6 +186,48 @@ def test_factory_returning_a_non_env(backend, front_end):
         open_front_end(front_end, fns, backend=backend)
 
 
+class SpacesAsMethods:
+    """A multi-agent env whose per-agent spaces are methods (without ``possible_agents``)."""
+
+    metadata: dict = {}  # noqa: RUF012  (PettingZoo's class attribute)
+
+    def __init__(self):
+        self.agents = ["a", "b"]
+
+    def observation_space(self, agent):
+        return spaces.Discrete(3)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return {a: 0 for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        zero = {a: 0 for a in self.agents}
+        return zero, zero, zero, zero, {a: {} for a in self.agents}
+
+    def close(self):
+        pass
+
+
+class ParallelEnvLike(SpacesAsMethods):
+    """Shaped like a PettingZoo ``ParallelEnv``."""
+
+    possible_agents = ("a", "b")
+
+
+@pytest.mark.parametrize("env_cls", [ParallelEnvLike, SpacesAsMethods])
+def test_a_multi_agent_env_is_refused_saying_how_to_flatten_it(backend, front_end, env_cls):
+    with pytest.raises(TypeError) as info:
+        open_front_end(front_end, [env_cls, env_cls], backend=backend)
+    message = str(info.value)
+    assert f"returned a multi-agent env ({env_cls.__name__}" in message
+    assert "aiovec vectorizes single-agent gymnasium envs" in message
+    assert "SuperSuit" in message
+    assert "Dict spaces keyed by agent" in message
+
+
 def _mismatched(index, space, *, also_obs_at=None):
     """SpaceEnv factories where env ``index`` has a different ``space`` space."""
     fns = space_env_fns(max(4, (also_obs_at or 0) + 1))
