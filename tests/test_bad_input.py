@@ -7,6 +7,7 @@ call afterwards still matches the oracle step for step.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import numpy as np
@@ -267,6 +268,28 @@ def test_async_envs_on_a_sync_only_backend_are_refused_naming_the_fix(
     """The suite runs no async env there (tests/conftest.py); this is what a user gets."""
     with pytest.raises(TypeError, match=r"returned an async env \(AsyncTwin\).*backend='inline'"):
         open_front_end(front_end, flavoured(space_env_fns(2), "async"), backend=backend)
+
+
+class NeedsALoop(SpaceEnv):
+    """Makes something bound to the running loop in ``__init__``, as an aiohttp session does."""
+
+    def __init__(self):
+        self.loop = asyncio.get_running_loop()
+        super().__init__()
+
+
+def aiohttp_env():
+    aiohttp = pytest.importorskip("aiohttp")
+    return aiohttp.ClientSession()  # what docs/network.md has async envs make
+
+
+@pytest.mark.parametrize("factory", [NeedsALoop, aiohttp_env])
+def test_a_factory_that_needs_a_loop_on_thread_is_told_to_use_inline(front_end, factory):
+    with pytest.raises(TypeError, match=r"env_fns\[0\]\(\) needs a running event loop") as info:
+        open_front_end(front_end, [factory, factory], backend="thread")
+    assert "backend='thread' runs synchronous envs" in str(info.value)
+    assert "use backend='inline' for async envs" in str(info.value)
+    assert "no running event loop" in str(info.value.__cause__)
 
 
 # on process and ray, envs close in their workers (see test_process.py and test_ray.py)
