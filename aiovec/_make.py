@@ -138,7 +138,7 @@ def make(
         >>> async with aiovec.make("CartPole-v1", 8, blocking=False) as venv:  # doctest: +SKIP
         ...     obs, infos = await venv.reset(seed=0)
     """
-    env_id = _the_env_id(env_id, kwargs)
+    given_id = _the_env_id(env_id, kwargs)
     if isinstance(num_envs, bool) or not isinstance(num_envs, int):
         raise TypeError(f"num_envs must be an int >= 1, got {describe(num_envs)}")
     if num_envs < 1:
@@ -150,14 +150,14 @@ def make(
     if backend is None:
         backend = "inline" if mode is None else _BACKEND_OF_MODE[mode]
     maker: Callable[..., Any]
-    if isinstance(env_id, str | EnvSpec):
-        maker = functools.partial(gymnasium.make, env_id)
-    elif callable(env_id):
-        maker = env_id
+    if isinstance(given_id, str | EnvSpec):
+        maker = functools.partial(gymnasium.make, given_id)
+    elif callable(given_id):
+        maker = given_id
     else:
         raise TypeError(
             f"env_id must be a gymnasium registry id, an EnvSpec or a callable that builds an env, "
-            f"got {describe(env_id)}"
+            f"got {describe(given_id)}"
         )
     factory = functools.partial(_build, maker, env_kwargs, tuple(wrappers or ()))
     cls = AsyncioVectorEnv if blocking is False else BlockingVectorEnv

@@ -202,10 +202,10 @@ class SpacesAsMethods:
         return spaces.Discrete(2)
 
     def reset(self, seed=None, options=None):
-        return {a: 0 for a in self.agents}, {a: {} for a in self.agents}
+        return dict.fromkeys(self.agents, 0), {a: {} for a in self.agents}
 
     def step(self, actions):
-        zero = {a: 0 for a in self.agents}
+        zero = dict.fromkeys(self.agents, 0)
         return zero, zero, zero, zero, {a: {} for a in self.agents}
 
     def close(self):

@@ -218,7 +218,7 @@ def test_make_default_is_a_gymnasium_vector_env():
     with aiovec.make("CartPole-v1", 2) as envs:
         assert isinstance(envs, aiovec.BlockingVectorEnv)
         assert isinstance(envs, gymnasium.vector.VectorEnv)
-        obs, infos = envs.reset(seed=0)
+        obs, _infos = envs.reset(seed=0)
         assert obs.shape == (2, 4)
 
 

@@ -8,8 +8,10 @@ itself, not synchronisation) is over it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -189,13 +191,100 @@ async def test_a_restart_and_giving_up_are_logged(caplog):
         await venv.reset()
         await venv.step(np.zeros(2, np.int64))  # restarted
         assert [r.getMessage() for r in caplog.records] == [
-            "env 1 failed in step(): TypeError: bad thing; restarting"
+            "env 1 failed in step(): TypeError: bad thing; restarting (an outage: more "
+            "failures are counted, and said when every env answers its steps again)"
         ]
         await venv.step(np.zeros(2, np.int64))  # the autoreset after the restart
         with pytest.raises(aiovec.EnvError, match="restart limit reached"):
             await venv.step(np.zeros(2, np.int64))
     assert caplog.records[-1].getMessage() == (
-        "env 1: giving up: restart limit reached: more than 1 restarts within 300 s"
+        "env 1: giving up: restart limit reached: more than 1 restarts within 300 s "
+        "(1 restarts; 1 failures: TypeError x1)"
+    )
+    assert len(caplog.records) == 2
+
+
+class Flaky(PoliteEnv):
+    """Fails its steps while ``Flaky.down`` holds its index, as envs of a flaky server."""
+
+    down: frozenset[int] = frozenset()
+
+    def __init__(self, index):
+        self.index = index
+
+    async def step(self, action):
+        await asyncio.sleep(0)
+        if self.index in Flaky.down:
+            raise ConnectionResetError(f"env {self.index} lost its server")
+        return 0, 0.0, False, False, {}
+
+
+def flaky(indices):
+    return [functools.partial(Flaky, i) for i in indices]
+
+
+@pytest.mark.asyncio
+async def test_restarts_are_said_per_outage_with_counts_not_per_env_and_step(caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    policy = aiovec.RestartPolicy(max_restarts=100, backoff=0.0)
+    schedule = [set(), {1, 4}, {2}, {1, 2, 3}, {5}, {0}, set(), set(), set(), {3}, set(), set()]
+    async with aiovec.AsyncioVectorEnv(flaky(range(6)), on_error=policy) as venv:
+        await venv.reset()
+        for down in schedule:
+            Flaky.down = frozenset(down)
+            await venv.step(np.zeros(6, np.int64))
+    messages = [r.getMessage() for r in caplog.records]
+    # two outages (steps 1-5, step 9), each said as it starts and as it ends
+    assert len(messages) == 4, messages
+    assert messages[0].startswith(
+        "envs 1, 4 failed in step(): ConnectionResetError: env 1 lost its server; restarting"
+    )
+    assert re.fullmatch(
+        r"envs 0-5 back after [0-9.e-]+ s \(7 restarts; 7 failures: ConnectionResetError x7\)",
+        messages[1],
+    )  # (env 1's and 2's autoreset steps after their restarts were not steps of theirs)
+    assert messages[2].startswith("env 3 failed in step()")
+    assert re.fullmatch(r"env 3 back after .* \(1 restarts; 1 failures: .*\)", messages[3])
+
+
+@pytest.mark.asyncio
+async def test_two_vector_envs_say_their_outages_apart(caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    policy = aiovec.RestartPolicy(backoff=0.0)
+    async with (
+        aiovec.AsyncioVectorEnv(flaky(range(3)), on_error=policy) as first,
+        aiovec.AsyncioVectorEnv(flaky(range(3, 6)), on_error=policy) as second,
+    ):
+        await first.reset()
+        await second.reset()
+        Flaky.down = frozenset({4})  # env 1 of the second
+        await first.step(np.zeros(3, np.int64))
+        await second.step(np.zeros(3, np.int64))
+        Flaky.down = frozenset()
+        for _ in range(2):
+            await first.step(np.zeros(3, np.int64))  # no outage of its own to end
+        assert len(caplog.records) == 1
+        for _ in range(2):
+            await second.step(np.zeros(3, np.int64))
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("env 1 failed in step()")
+    assert messages[1].startswith("env 1 back after")
+    assert len(messages) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_timeout_under_restart_is_counted_in_the_outage_not_said_alone(caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    policy = aiovec.RestartPolicy(backoff=0.0)
+    async with aiovec.AsyncioVectorEnv(
+        [PoliteEnv, Hanging], step_timeout=0.05, on_error=policy
+    ) as venv:
+        await venv.reset()
+        await venv.step(np.zeros(2, np.int64))
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "env 1 failed in step(): TimeoutError: env 1 did not answer step() within 0.05 s; "
+        "restarting"
     )
 
 
