@@ -33,7 +33,7 @@ from aiovec._core.restart import (
     restarted_row,
 )
 from aiovec._errors import EnvError, describe_error
-from aiovec._log import logger
+from aiovec._log import logger, say_envs
 from aiovec.backends import Backend
 from aiovec.backends._base import Outcomes
 
@@ -208,18 +208,3 @@ def policy_of(on_error: object) -> tuple[str, RestartPolicy | None]:
         return "restart", on_error
     name = validate.check_choice("on_error", on_error, validate.ON_ERROR)
     return name, RestartPolicy() if name == "restart" else None
-
-
-def say_envs(indices: Sequence[int]) -> str:
-    """``env 3``, ``envs 0, 1, 2``, ``envs 0-255`` or ``40 envs`` for a log line (sorted)."""
-    if len(indices) == 1:
-        return f"env {indices[0]}"
-    if len(indices) <= _HANDFUL:
-        return "envs " + ", ".join(map(str, indices))
-    if indices[-1] - indices[0] + 1 == len(indices):
-        return f"envs {indices[0]}-{indices[-1]}"
-    return f"{len(indices)} envs"
-
-
-_HANDFUL = 5
-"""Up to this many envs, a log line lists them; more are a range or a count."""

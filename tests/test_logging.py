@@ -1,8 +1,11 @@
 """What aiovec logs on the ``aiovec`` logger: timeouts, restarts, envs that hold the loop.
 
 The loop-hog threshold is the running loop's ``slow_callback_duration``; the
-tests lower it so that an env blocking for a few milliseconds (the scenario
-itself, not synchronisation) is over it.
+tests lower it so that an env holding the loop for a few milliseconds (the
+scenario itself, not synchronisation) is over it.  A hog that runs on the CPU
+(`burn`) is named; a stretch the loop's thread did not run for (a sleep stands
+for the OS taking the CPU away, which looks the same to aiovec) is said
+without naming an env.
 """
 
 from __future__ import annotations
@@ -42,32 +45,56 @@ class PoliteEnv(aiovec.AsyncEnv[int, int]):
         return 0, 0.0, False, False, {}
 
 
+def burn(seconds: float) -> None:
+    """Run on the CPU for ``seconds`` of this thread's CPU time (a CPU-bound env's work)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 class EagerHog(PoliteEnv):
-    """Blocks before its first await (the part aiovec drives eagerly)."""
+    """Holds the loop on the CPU before its first await (the part aiovec drives eagerly)."""
 
     async def step(self, action):
-        time.sleep(BLOCK)  # noqa: ASYNC251  (the blocking call this test is about)
+        burn(BLOCK)
         await asyncio.sleep(0)
         return 0, 0.0, False, False, {}
 
 
 class LateHog(PoliteEnv):
-    """Blocks after an await (a slice its lane carries on)."""
+    """Holds the loop on the CPU after an await (a slice its lane carries on)."""
 
     async def step(self, action):
         await asyncio.sleep(0)
-        time.sleep(BLOCK)  # noqa: ASYNC251  (the blocking call this test is about)
+        burn(BLOCK)
+        return 0, 0.0, False, False, {}
+
+
+class LateSleeper(PoliteEnv):
+    """Holds the loop after an await without running: as if the OS took the CPU away."""
+
+    async def step(self, action):
+        await asyncio.sleep(0)
+        time.sleep(BLOCK)  # noqa: ASYNC251  (the stretch off the CPU this test is about)
         return 0, 0.0, False, False, {}
 
 
 class SyncHog(gymnasium.Env[int, int]):
-    """A blocking synchronous env, wrongly on the inline backend."""
+    """A CPU-bound synchronous env on the inline backend."""
 
     observation_space = action_space = SPACE
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         return 0, {}
+
+    def step(self, action):
+        burn(BLOCK)
+        return 0, 0.0, False, False, {}
+
+
+class SyncSleeper(SyncHog):
+    """A blocking synchronous env (off the CPU while it holds the loop)."""
 
     def step(self, action):
         time.sleep(BLOCK)
@@ -92,6 +119,10 @@ def hog_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
 
 
+def off_cpu_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "the event loop was held" in r.getMessage()]
+
+
 async def run(fns, steps: int = 3) -> None:
     async with aiovec.AsyncioVectorEnv(fns) as venv:
         await venv.reset()
@@ -101,43 +132,76 @@ async def run(fns, steps: int = 3) -> None:
 
 @pytest.mark.parametrize("hog", [EagerHog, LateHog])
 @pytest.mark.asyncio
-async def test_an_async_env_that_holds_the_loop_is_named_once(hog, low_limit, caplog):
+async def test_async_envs_that_hold_the_loop_are_named_in_one_line(hog, low_limit, caplog):
     caplog.set_level(logging.WARNING, logger="aiovec")
-    await run([PoliteEnv, hog, PoliteEnv, hog])
-    warnings = hog_warnings(caplog)
-    assert len(warnings) == 2  # once per env, not once per step
-    assert warnings[0].startswith("env 1 held the event loop for 0.0")
-    assert warnings[1].startswith("env 3 held the event loop")
-    assert "in step()" in warnings[0]
-    assert "slow_callback_duration, 0.02 s" in warnings[0]
-    assert "backend='thread'" in warnings[0]
-    assert "backend='process'" in warnings[0]
-    assert all(r.name == "aiovec" and r.levelno == logging.WARNING for r in caplog.records)
+    await run([PoliteEnv, hog, PoliteEnv, hog])  # steps: named from the 2nd step on
+    (warning,) = caplog.records  # one line per vector env and call, not one per env
+    message = warning.getMessage()
+    assert re.match(r"envs 1, 3 held the event loop on the CPU for up to [0-9.]+ s ", message)
+    assert "in step()" in message
+    assert "slow_callback_duration, 0.02 s" in message
+    assert "backend='thread'" in message
+    assert "python -m aiovec bench" in message
+    assert warning.name == "aiovec"
+    assert warning.levelno == logging.WARNING
 
 
 @pytest.mark.asyncio
-async def test_a_blocking_sync_env_on_inline_is_named(low_limit, caplog):
+async def test_a_cpu_bound_sync_env_on_inline_is_named(low_limit, caplog):
     caplog.set_level(logging.WARNING, logger="aiovec")
     await run([SyncFine, SyncFine, SyncHog])  # sync steps: named from the 2nd step on
-    assert hog_warnings(caplog) == [
-        m for m in hog_warnings(caplog) if m.startswith("env 2 held the event loop")
-    ]
-    assert len(hog_warnings(caplog)) == 1
+    (warning,) = hog_warnings(caplog)
+    assert warning.startswith("env 2 held the event loop on the CPU")
+    assert len(caplog.records) == 1
 
 
 @pytest.mark.asyncio
-async def test_a_blocking_reset_is_named_at_once(low_limit, caplog):
+async def test_a_cpu_bound_reset_is_named_at_once(low_limit, caplog):
     class SlowReset(SyncFine):
         def reset(self, *, seed=None, options=None):
-            time.sleep(BLOCK)
+            burn(BLOCK)
             return super().reset(seed=seed)
 
     caplog.set_level(logging.WARNING, logger="aiovec")
     async with aiovec.AsyncioVectorEnv([SyncFine, SlowReset]) as venv:
         await venv.reset()
         (warning,) = hog_warnings(caplog)
-    assert warning.startswith("env 1 held the event loop")
-    assert "in reset()" in warning
+        assert warning.startswith("env 1 held the event loop")
+        assert "in reset()" in warning
+        await venv.step(np.zeros(2, np.int64))
+        await venv.reset()  # said once per kind of call
+    assert len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("sleeper", [LateSleeper, SyncSleeper])
+@pytest.mark.asyncio
+async def test_a_stretch_off_the_cpu_is_said_without_blaming_an_env(sleeper, low_limit, caplog):
+    """The OS took the loop's thread off the CPU, or a call blocked: no env is to blame."""
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([PoliteEnv if sleeper is LateSleeper else SyncFine, sleeper], steps=4)
+    assert hog_warnings(caplog) == []
+    (message,) = off_cpu_warnings(caplog)
+    assert re.match(r"the event loop was held for [0-9.]+ s in step\(\)", message)
+    assert "in step()" in message
+    assert "but its thread ran on a CPU for only 0.0" in message
+    assert "the OS ran other work meanwhile" in message
+    assert "no env is named" in message
+    assert "env 1" not in message
+
+
+@pytest.mark.asyncio
+async def test_many_hogs_are_a_range_or_a_count_and_each_vector_env_says_its_own(low_limit, caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    async with (
+        aiovec.AsyncioVectorEnv([EagerHog] * 7) as first,
+        aiovec.AsyncioVectorEnv([EagerHog, PoliteEnv] * 6) as second,
+    ):
+        await first.reset()
+        await second.reset()
+        for _ in range(3):
+            await first.step(np.zeros(7, np.int64))
+            await second.step(np.zeros(12, np.int64))
+    assert [m.split(" held")[0] for m in hog_warnings(caplog)] == ["envs 0-6", "6 envs"]
 
 
 @pytest.mark.asyncio
@@ -324,9 +388,9 @@ class Waiting(PoliteEnv):
         return 0, 0.0, False, False, {}
 
 
-class SleepingHog(PoliteEnv):
+class CpuHog(PoliteEnv):
     async def step(self, action):
-        time.sleep(0.25)  # noqa: ASYNC251  (the blocking call this test is about)
+        burn(0.25)
         await asyncio.sleep(0)
         return 0, 0.0, False, False, {}
 
@@ -344,6 +408,6 @@ async def test_twenty_thousand_waiting_envs_are_never_called_hogs(caplog):
 @pytest.mark.asyncio
 async def test_a_real_hog_among_many_waiting_envs_is_named_at_the_default_limit(caplog):
     caplog.set_level(logging.WARNING, logger="aiovec")
-    await run([Waiting] * 500 + [SleepingHog] + [Waiting] * 499, steps=2)
+    await run([Waiting] * 500 + [CpuHog] + [Waiting] * 499, steps=2)
     (warning,) = hog_warnings(caplog)
-    assert warning.startswith("env 500 held the event loop for 0.2")
+    assert re.match(r"env 500 held the event loop on the CPU for up to [0-9.]+ s ", warning)
