@@ -135,7 +135,9 @@ async def run(fns, steps: int = 3) -> None:
 async def test_async_envs_that_hold_the_loop_are_named_in_one_line(hog, low_limit, caplog):
     caplog.set_level(logging.WARNING, logger="aiovec")
     await run([PoliteEnv, hog, PoliteEnv, hog])  # steps: named from the 2nd step on
-    (warning,) = caplog.records  # one line per vector env and call, not one per env
+    # one line per vector env and call, not one per env (on a loaded machine a line
+    # about a stretch the OS took may come too: it names no env)
+    (warning,) = [r for r in caplog.records if "held the event loop" in r.getMessage()]
     message = warning.getMessage()
     assert re.match(r"envs 1, 3 held the event loop on the CPU for up to [0-9.]+ s ", message)
     assert "in step()" in message
@@ -152,7 +154,6 @@ async def test_a_cpu_bound_sync_env_on_inline_is_named(low_limit, caplog):
     await run([SyncFine, SyncFine, SyncHog])  # sync steps: named from the 2nd step on
     (warning,) = hog_warnings(caplog)
     assert warning.startswith("env 2 held the event loop on the CPU")
-    assert len(caplog.records) == 1
 
 
 @pytest.mark.asyncio
@@ -170,7 +171,7 @@ async def test_a_cpu_bound_reset_is_named_at_once(low_limit, caplog):
         assert "in reset()" in warning
         await venv.step(np.zeros(2, np.int64))
         await venv.reset()  # said once per kind of call
-    assert len(caplog.records) == 1
+    assert len(hog_warnings(caplog)) == 1
 
 
 @pytest.mark.parametrize("sleeper", [LateSleeper, SyncSleeper])
