@@ -37,8 +37,8 @@ from aiovec._core.lifecycle import PENDING, Lifecycle, State
 from aiovec._core.ops import Op
 from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, WorkerDiedError
-from aiovec._log import logger
-from aiovec._restarter import Restarter, say_envs
+from aiovec._log import logger, say_envs
+from aiovec._restarter import Restarter
 from aiovec._sent import Sent
 from aiovec.backends import Backend
 from aiovec.backends._base import Outcomes

@@ -37,7 +37,7 @@ from aiovec._log import logger, say_envs
 from aiovec.backends import Backend
 from aiovec.backends._base import Outcomes
 
-__all__ = ("Restarter", "policy_of", "say_envs")
+__all__ = ("Restarter", "policy_of")
 
 Gather = Callable[[Sequence[int], CallOp], Awaitable[Outcomes]]
 """Launch a call on some envs and collect every env's outcome (timeouts applied)."""

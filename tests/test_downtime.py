@@ -239,6 +239,6 @@ def test_a_server_that_stays_away_is_given_up_after_max_downtime(server, caplog)
     ],
 )
 def test_log_lines_name_a_handful_of_envs_and_count_more(indices, said):
-    from aiovec._restarter import say_envs as _envs
+    from aiovec._log import say_envs as _envs
 
     assert _envs(indices) == said

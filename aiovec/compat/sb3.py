@@ -76,7 +76,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.lifecycle import State
 from aiovec._errors import EnvError, LostWithWorkerError, describe_error
-from aiovec._restarter import say_envs
+from aiovec._log import say_envs
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
 
