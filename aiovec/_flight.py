@@ -44,8 +44,8 @@ from aiovec._core.lifecycle import PENDING, Lifecycle, State
 from aiovec._core.ops import Op
 from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, WorkerDiedError
-from aiovec._log import logger
-from aiovec._restarter import Restarter, say_envs
+from aiovec._log import logger, say_envs
+from aiovec._restarter import Restarter
 from aiovec._sent import Sent
 from aiovec.backends import Backend
 from aiovec.backends._base import Outcomes
@@ -189,6 +189,8 @@ class Flight:
                     errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
             if name == "step":
                 self.check_steps(results, errors)
+                if not errors and self._restarter.outage is not None:
+                    self._restarter.calm()  # every env answered: the outage is over
             while errors and not late and self._restarter.restartable(errors, step=name == "step"):
                 refusal = self._restarter.charge(errors)
                 if refusal:
@@ -362,7 +364,8 @@ class Flight:
         timed_out = sorted(i for i in expired.intersection(errors) if _cancelled(errors[i]))
         for i in timed_out:
             errors[i] = TimeoutError(f"env {i} did not answer {name}() within {timeout} s")
-        if timed_out:
+        if timed_out and not (name == "step" and self._restarter.policy is not None):
+            # (a step's timeouts under a restart policy are counted in its outage)
             logger.warning(
                 "%s did not answer %s() within %s s; cancelled", say_envs(timed_out), name, timeout
             )

@@ -355,7 +355,17 @@ async def build_envs(env_fns: Sequence[Callable[[], Any]]) -> list[Any]:
 
 
 def check_env(i: int, env: Any) -> None:
-    """``env_fns[i]()`` must have returned something with the env protocol's members."""
+    """``env_fns[i]()`` must have returned a single-agent env with the protocol's members."""
+    if _multi_agent(env):
+        raise TypeError(
+            f"env_fns[{i}]() returned a multi-agent env ({type(env).__name__}: "
+            "it has possible_agents, or its observation_space is a method, as a PettingZoo "
+            "ParallelEnv's): aiovec vectorizes single-agent gymnasium envs. Make it one first: "
+            "wrap it in a gymnasium.Env whose spaces are Dict spaces keyed by agent (one "
+            "policy acting for all agents) and give aiovec factories of that; or, to share one "
+            "policy among the agents, SuperSuit's pettingzoo_env_to_vec_env_v1 makes each agent "
+            "an env of a vector env of its own (docs/migrating.md)"
+        )
     missing = [
         a for a in ("reset", "step", "observation_space", "action_space") if not hasattr(env, a)
     ]
@@ -364,6 +374,14 @@ def check_env(i: int, env: Any) -> None:
             f"env_fns[{i}]() must return an env (an aiovec.AsyncEnv or gymnasium.Env), got "
             f"{type(env).__name__}, which lacks {', '.join(missing)}"
         )
+
+
+def _multi_agent(env: Any) -> bool:
+    """Whether ``env`` looks like a PettingZoo env (its spaces are per-agent methods)."""
+    if hasattr(env, "possible_agents"):
+        return True
+    space = getattr(env, "observation_space", None)
+    return callable(space) and not isinstance(space, spaces.Space)
 
 
 def check_rebuilt(

@@ -50,9 +50,14 @@ adapter translates each and keeps no rule of its own:
    value that is not a number) are deep-copied, as ``DummyVecEnv`` copies its
    infos; numbers come out of arrays made by batching, and a worker's results
    arrive as copies already.
-8. **Errors.**  ``make_sb3_env`` re-raises a factory's exception as itself (with
-   a note naming the env), not wrapped in `aiovec.EnvError`, so SB3 code that
-   catches, e.g., ``gymnasium.error.DeprecatedEnv`` still does.
+8. **Errors.**  An env's own exception (from its factory, ``reset``, ``step``,
+   an attribute or a method) is raised as itself, as ``DummyVecEnv`` lets it
+   through, not wrapped in `aiovec.EnvError`: SB3 code that catches, e.g.,
+   ``gymnasium.error.DeprecatedEnv`` or a simulator's own error still does, on
+   every backend.  A note (``add_note``) names the env, and any other env that
+   failed in the same call.  aiovec's own failures (`aiovec.EnvTimeoutError`,
+   `aiovec.WorkerDiedError`, an env lost with its worker) have no exception of
+   the env's to raise and stay as they are.
 
 An `aiovec.AsyncioVectorEnv` is driven through the runner that
 `aiovec.BlockingVectorEnv` uses: SB3 is synchronous code.
@@ -74,7 +79,8 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.lifecycle import State
-from aiovec._errors import EnvError, StateError
+from aiovec._errors import EnvError, LostWithWorkerError, StateError, describe_error
+from aiovec._log import say_envs
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
 
@@ -117,25 +123,41 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
     try:
         venv = BlockingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
     except EnvError as exc:
-        raise _raised_by_factory(exc) from None
-    try:
-        return SB3VecEnv(venv)
-    except BaseException:
-        venv.close()
-        raise
+        own = _own_error(exc)
+    else:
+        try:
+            return SB3VecEnv(venv)
+        except BaseException:
+            venv.close()
+            raise
+    raise own  # outside the handler: as the env raised it, with no aiovec context
 
 
-def _raised_by_factory(error: EnvError) -> BaseException:
-    """A factory's own exception, noted with its env, from aiovec's report of it.
+def _own_error(error: EnvError) -> BaseException:
+    """The env's own exception, noted with its env, from aiovec's report of it.
 
-    Any other failure (a worker that died as it built its envs) stays `aiovec.EnvError`.
+    As ``DummyVecEnv`` raises it.  aiovec's own failures (a timeout, a worker
+    that died, an env lost with its worker) stay `aiovec.EnvError`.
     """
     i = error.env_index
-    if type(error) is not EnvError or error.operation != f"env_fns[{i}]()":
-        return error
     cause = error.errors[i]
-    cause.add_note(f"(raised by env_fns[{i}](), as make_sb3_env built env {i})")
+    if type(error) is not EnvError or isinstance(cause, LostWithWorkerError):
+        return error
+    if error.operation == f"env_fns[{i}]()":
+        note = f"(raised by env_fns[{i}](), as make_sb3_env built env {i})"
+    else:
+        note = f"(raised by env {i} in {error.operation}, under aiovec's SB3 adapter)"
+    others = [j for j in error.errors if j != i]
+    if others:
+        note += f"; {say_envs(others)} failed in that call too: " + "; ".join(
+            f"env {j}: {describe_error(error.errors[j])}" for j in others[:_SHOWN]
+        )
+    cause.add_note(note)
     return cause
+
+
+_SHOWN = 5
+"""How many other failing envs the note of an env's own exception describes."""
 
 
 def unbatch_infos(
@@ -315,12 +337,7 @@ class SB3VecEnv(VecEnv):
         env_ids = self._env_ids(indices)
         if env_ids == []:
             return []
-        try:
-            return list(self._do("get_attr", attr_name, env_ids=env_ids))
-        except EnvError as exc:
-            if all(isinstance(e, AttributeError) for e in exc.errors.values()):
-                raise AttributeError(str(exc)) from exc
-            raise
+        return list(self._do("get_attr", attr_name, env_ids=env_ids))
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Set ``attr_name`` to ``value`` on the envs in ``indices`` (and no others)."""
@@ -360,11 +377,18 @@ class SB3VecEnv(VecEnv):
     # -- machinery -----------------------------------------------------------------
 
     def _do(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``name`` on the blocking front end, or run it on the runner (await API)."""
+        """Call ``name`` on the blocking front end, or run it on the runner (await API).
+
+        An env's own exception is raised as itself (`_own_error`), as ``DummyVecEnv`` does.
+        """
         method = getattr(self.venv, name)
-        if self._runner is None:
-            return method(*args, **kwargs)
-        return self._runner.run(_completed(method, args, kwargs))
+        try:
+            if self._runner is None:
+                return method(*args, **kwargs)
+            return self._runner.run(_completed(method, args, kwargs))
+        except EnvError as exc:
+            own = _own_error(exc)
+        raise own  # outside the handler: as the env raised it, with no aiovec context
 
     def _collect_sent(self) -> None:
         if self._sent:
