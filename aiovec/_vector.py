@@ -155,10 +155,18 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             loop, before the call that may reset the env is sent.  Options
             given to `reset` override the hook's key by key.  Also settable
             later as the ``reset_options`` attribute.
+        observation_mode: How the envs' observation spaces batch, as in
+            gymnasium's vector envs: ``"same"`` (every env has env 0's
+            space), ``"different"`` (one shape and dtype, bounds of their
+            own, batched by gymnasium's ``batch_differing_spaces``), or a
+            tuple ``(observation_space, single_observation_space)`` to use
+            as they are (each env's space of the single space's shape and
+            dtype).
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
-        ValueError: An argument has a wrong value, the envs' spaces differ, or
+        ValueError: An argument has a wrong value, the envs' spaces differ
+            (beyond what ``observation_mode`` allows; also a ``RuntimeError``), or
             two factories returned the same env object (both are named).
         aiovec.EnvError: An env factory raised (or, in this constructor,
             waited on the inline backend); the envs built are closed.
@@ -183,6 +191,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         max_concurrency: int | anyio.CapacityLimiter | None = None,
         backend_options: Mapping[str, Any] | None = None,
         reset_options: ResetHook | None = None,
+        observation_mode: str | tuple[spaces.Space[Any], spaces.Space[Any]] = "same",
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
@@ -199,6 +208,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
         limiter = validate.check_max_concurrency(max_concurrency, backend_name)
         self._hook = _check_hook(reset_options)
+        self.observation_mode = validate.check_observation_mode(observation_mode)
         if isinstance(limiter, int):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
@@ -240,7 +250,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._backend = await opening
         traits = self._backend.traits
         try:
-            validate.check_spaces(traits.observation_spaces, traits.action_spaces)
+            single, batched = validate.check_spaces(
+                traits.observation_spaces, traits.action_spaces, self.observation_mode
+            )
             envs = self._backend.envs  # built in this process (workers check their own)
             if envs is not None:
                 validate.check_distinct_envs(envs)
@@ -250,9 +262,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         mode = self.autoreset_mode
         self.metadata: dict[str, Any] = {**traits.metadata, "autoreset_mode": mode}
         self.render_mode: str | None = traits.render_mode
-        self._batcher = Batcher(
-            traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, self.copy
-        )
+        self._batcher = Batcher(single, traits.action_spaces[0], self.num_envs, self.copy, batched)
         self._autoreset = AutoresetState(mode, self.num_envs, self._hook)
         self._sent = Sent(self.num_envs)
         restarter = Restarter(self.restart_policy, self.num_envs, self._backend, self._autoreset)
@@ -261,7 +271,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life,
             self._sent,
             restarter,
-            check_results=validate.step_result_checker(traits.observation_spaces[0]),
+            check_results=validate.step_result_checker(single),
             timeout_of=self._timeout_of,
         )
         self._all = range(self.num_envs)
