@@ -357,15 +357,30 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     def _reset_call(
         self, call: VectorCall, seed: object, options: object
     ) -> tuple[Sequence[int], CallOp, np.ndarray | None]:
-        """Check a reset (``call`` is allowed now, valid arguments); its envs, op and mask."""
-        self._life.check(call)
+        """Check a reset (``call`` is allowed now, valid arguments); its envs, op and mask.
+
+        Amid envs sent by ``send()``, a ``reset_mask`` may reset envs that are
+        not in flight (their rows come back; the others stay in flight).
+        """
+        life = self._life
+        amid_sent = call is VectorCall.RESET and life.state is State.SENT
+        if not amid_sent:
+            life.check(call)
         seeds = validate.check_seeds(seed, self.num_envs)
         env_options, mask = validate.check_options(options, self.num_envs)
         if mask is None:
+            if amid_sent:
+                life.check(call)  # refused, in the state's words
             indices: Sequence[int] = self._all
         else:
-            self._life.check(VectorCall.RESET_MASK)
+            life.check(VectorCall.RESET_MASK)
             indices = np.flatnonzero(mask).tolist()
+            busy = self._sent.envs.intersection(indices)
+            if busy:
+                raise StateError(
+                    f"cannot reset env(s) {sorted(busy)}: they are in flight from send(); "
+                    "recv() them first (a reset_mask may name only envs not in flight)"
+                )
         resets = [Reset(seeds[i], self._autoreset.reset_options(i, env_options)) for i in indices]
         return indices, CallOp(resets, "reset"), mask
 
@@ -375,7 +390,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """The batch of a reset whose every env answered; the vector env is ready."""
         self._autoreset.was_reset(mask)
         observations, infos = self._batcher.reset_batch(indices, results)
-        self._life.state = State.READY
+        self._life.state = State.SENT if self._sent.envs else State.READY
         return observations, infos
 
     async def step(self, actions: Any) -> StepBatch:
