@@ -50,6 +50,7 @@ __all__ = (
     "check_values",
     "describe",
     "is_reward",
+    "observation_fits",
     "step_result_checker",
 )
 
@@ -619,6 +620,22 @@ def step_result_checker(
         return bad
 
     return check
+
+
+def observation_fits(space: spaces.Space[Any]) -> Callable[[Any], bool]:
+    """A test of one observation: whether it batches into ``space`` (the step checker's rule)."""
+    all_fit = _all_fit(space)
+
+    def fits(obs: Any) -> bool:
+        if all_fit((obs,)):
+            return True
+        try:
+            _check_observation(space, obs, "observation")
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    return fits
 
 
 def _all_fit(space: spaces.Space[Any]) -> AllFit:

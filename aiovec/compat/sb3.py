@@ -56,7 +56,6 @@ An `aiovec.AsyncioVectorEnv` is driven through the runner that
 
 from __future__ import annotations
 
-import copy as _copy
 import inspect
 import operator
 from collections.abc import Callable, Sequence
@@ -64,15 +63,14 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import concatenate, create_empty_array
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.lifecycle import State
 from aiovec._errors import EnvError
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
+from aiovec.compat._shared import batch_per_env, raised_by_factory, unbatch_infos
 
 try:
     from stable_baselines3.common.vec_env.base_vec_env import (
@@ -89,7 +87,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 __all__ = ("SB3VecEnv", "make_sb3_env", "unbatch_infos")
 
 _FINAL = ("final_obs", "final_info")
-_COMPOSITE = (spaces.Dict, spaces.Tuple)
 
 
 def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecEnv:
@@ -113,59 +110,12 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
     try:
         venv = BlockingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
     except EnvError as exc:
-        raise _raised_by_factory(exc) from None
+        raise raised_by_factory(exc, "make_sb3_env") from None
     try:
         return SB3VecEnv(venv)
     except BaseException:
         venv.close()
         raise
-
-
-def _raised_by_factory(error: EnvError) -> BaseException:
-    """A factory's own exception, noted with its env, from aiovec's report of it.
-
-    Any other failure (a worker that died as it built its envs) stays `aiovec.EnvError`.
-    """
-    i = error.env_index
-    if type(error) is not EnvError or error.operation != f"env_fns[{i}]()":
-        return error
-    cause = error.errors[i]
-    cause.add_note(f"(raised by env_fns[{i}](), as make_sb3_env built env {i})")
-    return cause
-
-
-def unbatch_infos(
-    infos: dict[str, Any], num_envs: int, *, copy: bool = False
-) -> list[dict[str, Any]]:
-    """Gymnasium's vector infos (arrays with ``_key`` masks) as one dict per env.
-
-    A key without a mask belongs to every env; nested dicts are unbatched too.
-
-    Args:
-        infos: A vector env's infos.
-        num_envs: The number of envs.
-        copy: Deep-copy what an object array holds (``final_obs``, ``final_info``,
-            any info value that is not a number): the very objects the envs
-            returned, where they live in this process.  Numbers come out of
-            arrays that batching made, so they are never an env's own.
-    """
-    per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        mask = infos.get(f"_{key}")
-        if isinstance(value, dict):
-            values: Any = unbatch_infos(value, num_envs, copy=copy)
-        elif copy and isinstance(value, np.ndarray) and value.dtype == object:
-            values = [
-                _copy.deepcopy(v) if mask is None or mask[i] else None for i, v in enumerate(value)
-            ]
-        else:
-            values = value
-        for i, env_info in enumerate(per_env):
-            if mask is None or mask[i]:
-                env_info[key] = values[i]
-    return per_env
 
 
 class SB3VecEnv(VecEnv):
@@ -373,17 +323,9 @@ class SB3VecEnv(VecEnv):
 
     def _batched(self, actions: Any) -> Any:
         """A list or tuple of per-env actions of a ``Dict``/``Tuple`` space, batched."""
-        space = self.venv.single_action_space
-        if not isinstance(actions, list | tuple) or not isinstance(space, _COMPOSITE):
-            return actions  # arrays (and lists of array-like actions) are aiovec's own input
-        if len(actions) != self.num_envs:
-            raise ValueError(
-                f"actions must hold one action per env (num_envs={self.num_envs}), "
-                f"got {len(actions)}"
-            )
-        batch = create_empty_array(space, self.num_envs)
-        assert batch is not None  # a Dict or Tuple space
-        return concatenate(space, actions, batch)
+        if isinstance(actions, np.ndarray):
+            return actions  # SB3's rows: aiovec's own input
+        return batch_per_env(self.venv.single_action_space, actions, self.num_envs)
 
 
 def _envs_in_this_process(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> bool:
