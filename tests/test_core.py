@@ -339,6 +339,23 @@ def test_reset_mask_errors_are_gymnasiums(mask, error, message):
     assert str(caught.value) == f"{MASK_MUST} {message}"
 
 
+@pytest.mark.parametrize(
+    ("hook_says", "explicit", "env_gets"),
+    [
+        (None, None, None),
+        (None, {}, None),  # only a reset_mask: the hook's answer, None included
+        (None, {"a": 1}, {"a": 1}),
+        ({"a": 1}, None, {"a": 1}),
+        ({"a": 1}, {}, {"a": 1}),
+        ({"a": 1, "b": 2}, {"b": 3}, {"a": 1, "b": 3}),
+    ],
+)
+def test_reset_options_are_the_hooks_overridden_by_the_calls(hook_says, explicit, env_gets):
+    state = AutoresetState(AutoresetMode.DISABLED, 2, lambda i, episode: hook_says)
+    assert state.reset_options(1, explicit) == env_gets
+    assert AutoresetState(AutoresetMode.DISABLED, 2).reset_options(1, explicit) == explicit
+
+
 def test_options_never_modify_the_callers_dict():
     mask = np.array([True, False])
     options = {"reset_mask": mask, "level": 2}

@@ -120,13 +120,16 @@ def test_any_interleaving_gives_each_env_its_own_trajectory(
             drawn_actions = data.draw(st.lists(st.integers(0, 2), min_size=N, max_size=N))
             as_array = data.draw(st.booleans())
             least = data.draw(st.integers(1, N))
-            if not sent and roll == 0:
-                # a masked reset: the other envs keep the observation recv() gave last
+            mask &= np.array([i not in sent for i in range(N)])
+            if roll == 0 and mask.any():
+                # a masked reset of envs not in flight (others may be): the other envs keep
+                # the observation recv() gave last, and those in flight stay in flight
                 obs = front.call("reset", options={"reset_mask": mask})[0]
                 for i in range(N):
                     want = oracles[i].reset()[0][0] if mask[i] else last[i]
                     assert np.array_equal(obs[i], want)
                     last[i] = want
+                assert front.venv.state is (State.SENT if sent else State.READY)
                 continue
             ids = [i for i in order if i in chosen and i not in sent]
             if ids and (not sent or wants_send):
@@ -282,6 +285,24 @@ async def test_bad_recv_calls():
             await venv.recv(min_envs=1.5)
         *_, env_ids = await venv.recv(min_envs=2)
         assert env_ids.tolist() == [0, 1]
+
+
+@pytest.mark.asyncio
+async def test_amid_sent_envs_only_envs_not_in_flight_may_be_reset():
+    async with aiovec.AsyncioVectorEnv([SpaceEnv] * 3) as venv:
+        await venv.reset(seed=0)
+        venv.send(np.zeros(2, np.int64), [0, 2])
+        with pytest.raises(aiovec.StateError, match=r"cannot reset env\(s\) \[2\]"):
+            await venv.reset(options={"reset_mask": np.array([False, True, True])})
+        with pytest.raises(aiovec.StateError, match="in flight from send"):
+            await venv.reset(seed=1)  # a full reset
+        assert [env.episodes for env in venv.envs] == [1, 1, 1]  # no env was reset
+        await venv.reset(options={"reset_mask": np.array([False, True, False])})
+        assert [env.episodes for env in venv.envs] == [1, 2, 1]
+        assert venv.state is State.SENT
+        *_, env_ids = await venv.recv()
+        assert env_ids.tolist() == [0, 2]
+        assert venv.state is State.READY
 
 
 def test_send_outside_a_loop_says_how():

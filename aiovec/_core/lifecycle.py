@@ -75,7 +75,10 @@ _ALL = frozenset(VectorCall)
 _ALLOWED: dict[State, frozenset[VectorCall]] = {
     State.NEEDS_RESET: frozenset({VectorCall.RESET, VectorCall.RESET_ASYNC, VectorCall.INSPECT}),
     State.READY: _ALL - {VectorCall.RECV, VectorCall.STEP_WAIT, VectorCall.RESET_WAIT},
-    State.SENT: frozenset({VectorCall.SEND, VectorCall.RECV, VectorCall.STEP_WAIT}),
+    # a masked reset amid sent envs resets envs not in flight (the vector env checks which)
+    State.SENT: frozenset(
+        {VectorCall.SEND, VectorCall.RECV, VectorCall.STEP_WAIT, VectorCall.RESET_MASK}
+    ),
     State.RESET_SENT: frozenset({VectorCall.RESET_WAIT}),
     State.RECEIVING: frozenset({VectorCall.SEND}),
     State.BUSY: frozenset(),

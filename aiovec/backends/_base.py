@@ -149,7 +149,7 @@ class Backend(abc.ABC):
 
     def _check_rebuilt(self, i: int, env: Any) -> None:
         traits = self.traits
-        check_rebuilt(i, env, traits.observation_spaces[0], traits.action_spaces[0])
+        check_rebuilt(i, env, traits.observation_spaces[i], traits.action_spaces[i])
 
     @abc.abstractmethod
     async def aclose(self) -> dict[int, BaseException]:
@@ -402,4 +402,7 @@ def check_rebuilt_spaces(
     """Rebuilt env ``i``'s (observation, action) spaces ``got`` must be the others' ``want``."""
     for kind, space, first in zip(("observation_space", "action_space"), got, want, strict=True):
         if space != first:
-            raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")
+            raise ValueError(
+                f"the rebuilt env {i} has {kind} {space}, the others (and the env it "
+                f"replaces) {first}"
+            )

@@ -65,7 +65,6 @@ An `aiovec.AsyncioVectorEnv` is driven through the runner that
 
 from __future__ import annotations
 
-import copy as _copy
 import inspect
 import operator
 from collections.abc import Callable, Sequence
@@ -73,16 +72,14 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import concatenate, create_empty_array
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.lifecycle import State
-from aiovec._errors import EnvError, LostWithWorkerError, StateError, describe_error
-from aiovec._log import say_envs
+from aiovec._errors import EnvError, StateError
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
+from aiovec.compat._shared import batch_per_env, own_error, unbatch_infos
 
 try:
     from stable_baselines3.common.vec_env.base_vec_env import (
@@ -99,7 +96,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 __all__ = ("SB3VecEnv", "make_sb3_env", "unbatch_infos")
 
 _FINAL = ("final_obs", "final_info")
-_COMPOSITE = (spaces.Dict, spaces.Tuple)
 
 
 def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecEnv:
@@ -123,7 +119,7 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
     try:
         venv = BlockingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
     except EnvError as exc:
-        own = _own_error(exc)
+        own = own_error(exc, "make_sb3_env", "SB3")
     else:
         try:
             return SB3VecEnv(venv)
@@ -131,65 +127,6 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
             venv.close()
             raise
     raise own  # outside the handler: as the env raised it, with no aiovec context
-
-
-def _own_error(error: EnvError) -> BaseException:
-    """The env's own exception, noted with its env, from aiovec's report of it.
-
-    As ``DummyVecEnv`` raises it.  aiovec's own failures (a timeout, a worker
-    that died, an env lost with its worker) stay `aiovec.EnvError`.
-    """
-    i = error.env_index
-    cause = error.errors[i]
-    if type(error) is not EnvError or isinstance(cause, LostWithWorkerError):
-        return error
-    if error.operation == f"env_fns[{i}]()":
-        note = f"(raised by env_fns[{i}](), as make_sb3_env built env {i})"
-    else:
-        note = f"(raised by env {i} in {error.operation}, under aiovec's SB3 adapter)"
-    others = [j for j in error.errors if j != i]
-    if others:
-        note += f"; {say_envs(others)} failed in that call too: " + "; ".join(
-            f"env {j}: {describe_error(error.errors[j])}" for j in others[:_SHOWN]
-        )
-    cause.add_note(note)
-    return cause
-
-
-_SHOWN = 5
-"""How many other failing envs the note of an env's own exception describes."""
-
-
-def unbatch_infos(
-    infos: dict[str, Any], num_envs: int, *, copy: bool = False
-) -> list[dict[str, Any]]:
-    """Gymnasium's vector infos (arrays with ``_key`` masks) as one dict per env.
-
-    A key without a mask belongs to every env; nested dicts are unbatched too.
-
-    Args:
-        infos: A vector env's infos.
-        num_envs: The number of envs.
-        copy: Deep-copy what an object array holds (``final_obs``, ``final_info``,
-            any info value that is not a number): the very objects the envs
-            returned, where they live in this process.  Numbers come out of
-            arrays that batching made, so they are never an env's own.
-    """
-    per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        mask = infos.get(f"_{key}")
-        envs = range(num_envs) if mask is None else np.flatnonzero(mask).tolist()
-        if isinstance(value, dict):
-            values: Any = unbatch_infos(value, num_envs, copy=copy)
-        elif copy and isinstance(value, np.ndarray) and value.dtype == object:
-            values = dict(zip(envs, _copy.deepcopy([value[i] for i in envs]), strict=True))
-        else:
-            values = value
-        for i in envs:
-            per_env[i][key] = values[i]
-    return per_env
 
 
 class SB3VecEnv(VecEnv):
@@ -379,7 +316,8 @@ class SB3VecEnv(VecEnv):
     def _do(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``name`` on the blocking front end, or run it on the runner (await API).
 
-        An env's own exception is raised as itself (`_own_error`), as ``DummyVecEnv`` does.
+        An env's own exception is raised as itself (`aiovec.compat._shared.own_error`),
+        as ``DummyVecEnv`` does.
         """
         method = getattr(self.venv, name)
         try:
@@ -387,7 +325,7 @@ class SB3VecEnv(VecEnv):
                 return method(*args, **kwargs)
             return self._runner.run(_completed(method, args, kwargs))
         except EnvError as exc:
-            own = _own_error(exc)
+            own = own_error(exc, "make_sb3_env", "SB3")
         raise own  # outside the handler: as the env raised it, with no aiovec context
 
     def _collect_sent(self) -> None:
@@ -418,17 +356,9 @@ class SB3VecEnv(VecEnv):
 
     def _batched(self, actions: Any) -> Any:
         """A list or tuple of per-env actions of a ``Dict``/``Tuple`` space, batched."""
-        space = self.venv.single_action_space
-        if not isinstance(actions, list | tuple) or not isinstance(space, _COMPOSITE):
-            return actions  # arrays (and lists of array-like actions) are aiovec's own input
-        if len(actions) != self.num_envs:
-            raise ValueError(
-                f"actions must hold one action per env (num_envs={self.num_envs}), "
-                f"got {len(actions)}"
-            )
-        batch = create_empty_array(space, self.num_envs)
-        assert batch is not None  # a Dict or Tuple space
-        return concatenate(space, actions, batch)
+        if isinstance(actions, np.ndarray):
+            return actions  # SB3's rows: aiovec's own input
+        return batch_per_env(self.venv.single_action_space, actions, self.num_envs)
 
 
 def _backend_of(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> str:
