@@ -86,7 +86,7 @@ class GroupActor:
             self.failed = built
             return built
         self.worker = Worker(built, self.waiting, asyncio.get_running_loop)
-        layout = StepLayout.of(*built.spaces[0], len(built.envs))
+        layout = StepLayout.of(*built.spaces, len(built.envs))
         if layout is not None:
             self.raw = np.zeros(layout.nbytes, dtype=np.uint8)
             self.worker.rows.use(layout, self.raw.data, 0)
