@@ -564,7 +564,7 @@ class _Hosted:
         self.sink = _Replies() if sink is None else sink
         self.worker = Worker(envs, self.sink, self.loop)
         self.envs = envs.envs
-        layout = StepLayout.of(*envs.spaces[0], len(fns))
+        layout = StepLayout.of(*envs.spaces, len(fns))
         assert layout is not None
         self.worker.rows.use(layout, mmap.mmap(-1, layout.nbytes), 0)
         assert self.worker.rows.arrays is not None
