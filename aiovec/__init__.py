@@ -8,11 +8,13 @@ Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._collector import Collector
+from aiovec._core.episodes import Episode, EpisodeBatch, rewards_differ
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import State
 from aiovec._core.restart import RestartPolicy
 from aiovec._core.segments import SegmentBatch
 from aiovec._env import AsyncEnv
+from aiovec._episodes import EpisodeCollector
 from aiovec._errors import (
     AlreadyPendingCallError,
     ClosedError,
@@ -36,6 +38,9 @@ __all__ = (
     "Collector",
     "EnvError",
     "EnvTimeoutError",
+    "Episode",
+    "EpisodeBatch",
+    "EpisodeCollector",
     "LatencyStats",
     "NoAsyncCallError",
     "RestartPolicy",
@@ -45,6 +50,7 @@ __all__ = (
     "WorkerDiedError",
     "__version__",
     "make",
+    "rewards_differ",
 )
 
 for _name in __all__:

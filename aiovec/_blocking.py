@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import gymnasium
+from gymnasium import spaces
 from gymnasium.core import RenderFrame
 from gymnasium.vector import AutoresetMode
 
@@ -69,6 +70,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         max_concurrency: int | anyio.CapacityLimiter | None = None,
         backend_options: Mapping[str, Any] | None = None,
         reset_options: ResetHook | None = None,
+        observation_mode: str | tuple[spaces.Space[Any], spaces.Space[Any]] = "same",
     ) -> None:
         self._runner = Runner()
         try:  # built on the runner's loop, awaiting factories that wait, as `create` does
@@ -85,6 +87,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                     max_concurrency=max_concurrency,
                     backend_options=backend_options,
                     reset_options=reset_options,
+                    observation_mode=observation_mode,
                 )
             )
         except BaseException:
@@ -99,6 +102,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         self.metadata = venv.metadata
         self.render_mode = venv.render_mode
         self.autoreset_mode = venv.autoreset_mode
+        self.observation_mode = venv.observation_mode
         self.copy = copy
 
     @property

@@ -4,29 +4,35 @@ Theory of operation.  One coroutine, `_Driver.next_batch`, drives the vector
 env's public ``send``/``recv`` (so ``max_concurrency``, timeouts, restarts and
 logging work as they do there) until ``batch_size`` segments are finished:
 
+- the collection starts with a reset of every env sent at once
+  (``AsyncioVectorEnv._send_resets``): each env's reset comes back on its own,
+  and the env steps as soon as its own reset is done;
 - an env whose observation is known is *ready*; `_dispatch` hands ready envs
   to the policy, up to ``max_batch`` at a time, waiting at most ``max_wait``
-  seconds for more.  A plain policy is called there and its actions sent at
-  once; an ``async def`` policy becomes a task (several may be in flight) and
-  its actions are sent when it is done (`_harvest`);
-- `_wait` waits for whatever comes first that it can wait on: an env's step
-  (``recv(min_envs=1)``; with ``max_wait``, as many as fill a policy call),
-  a policy call, or the end of ``max_wait``.  While
-  both envs and policy calls are out, ``recv`` returns every ``_POLL``
-  seconds at the latest, as the vector env allows no ``send`` during a
-  ``recv``: a policy's answer waits that long at most;
-- `_received` sorts a ``recv``'s rows: a reset row (``NEXT_STEP``) is never a
-  transition, it only makes its env ready; every other row is a transition,
-  written into the env's segment (`~aiovec._core.segments.SegmentBook`).  An
-  env whose episode ended is reset as the mode says: ``SAME_STEP`` did it
-  within the step, ``NEXT_STEP`` gets the reset row at once (its action is
-  the env's last one, ignored), ``DISABLED`` waits until no env is out, then
-  the ended envs are reset together with ``reset_mask``.
+  seconds for more, with at most ``max_policy_calls`` calls in flight.  A
+  plain policy is called there and its actions sent at once; an ``async
+  def`` policy becomes a task, and its actions are sent when it is done
+  (`_harvest`).  What the policy returns is checked first (`_answer`);
+- `_wait` waits for whatever comes first: an env's step (``recv``; with
+  ``max_wait``, as many as fill a policy call), a policy call, or the end of
+  ``max_wait``.  While policy calls are out, the ``recv`` is a task of its
+  own, raced against them: the vector env takes a ``send`` while a ``recv``
+  waits, so a policy's answer reaches its envs as soon as it returns, and
+  nothing wakes on a timer;
+- `_received` sorts a ``recv``'s rows: a reset row (the start's, or
+  ``NEXT_STEP``'s) is never a transition, it only makes its env ready; every
+  other row is a transition, written into the env's segment
+  (`~aiovec._core.segments.SegmentBook`).  An env whose episode ended is reset
+  as the mode says: ``SAME_STEP`` did it within the step, ``NEXT_STEP`` gets
+  the reset row at once (its action is the env's last one, ignored),
+  ``DISABLED`` waits until no env is out, then the ended envs are reset
+  together with ``reset_mask``.
 
 The blocking front end runs the same coroutines through the vector env's
-`~aiovec._runner.Runner`.  Leaving the loop (``break``, an error, Ctrl-C)
-closes the iterator, which cancels the policy's calls and every env's call
-(the vector env then needs a ``reset()``); ``close()`` does the same.
+`~aiovec._runner.Runner`.  Leaving the loop (``break``, an error, Ctrl-C, a
+cancelled consumer) stops the collection (`_Driver.stop`, one at a time):
+the policy's calls, the ``recv`` and every env's call are cancelled, and the
+vector env then needs a ``reset()``.
 """
 
 from __future__ import annotations
@@ -36,23 +42,154 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
 from aiovec._core.autoreset import ResetHook
-from aiovec._core.segments import SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
+from aiovec._core.segments import Book, SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
 from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("Collector", "SegmentBatch")
 
-_POLL = 0.002
-"""Seconds a ``recv`` waits at most while policy calls are out (see the docstring)."""
+B = TypeVar("B")
 
 
-class Collector:
+class _Front(Generic[B]):
+    """The two front ends of a collector over a `_Driver` (written once for both collectors).
+
+    ``async for`` over an `aiovec.AsyncioVectorEnv`, ``for`` over an
+    `aiovec.BlockingVectorEnv` (through its `~aiovec._runner.Runner`); a
+    driver's ``next_batch`` returns ``None`` when the collection is over.
+    """
+
+    _driver: _Driver
+
+    def _open(self, envs: Any, policy: Callable[..., Any]) -> AsyncioVectorEnv[Any, Any]:
+        """The vector env under ``envs``, once ``envs`` and ``policy`` are checked."""
+        venv = getattr(envs, "vector_env", envs)
+        if not isinstance(venv, AsyncioVectorEnv):
+            raise TypeError(
+                "envs must be an aiovec.AsyncioVectorEnv or aiovec.BlockingVectorEnv, "
+                f"got {validate.describe(envs)}"
+            )
+        if not callable(policy):
+            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        self.envs = envs
+        self._runner = getattr(envs, "_runner", None)  # BlockingVectorEnv's
+        return venv
+
+    def _set_driver(
+        self,
+        driver: _Driver,
+        max_batch: int | None,
+        max_wait: float,
+        max_policy_calls: int | None,
+    ) -> None:
+        """Give ``driver`` the policy-batching knobs (checked by `_check_batching`)."""
+        self._driver = driver
+        driver.max_batch = max_batch or driver.venv.num_envs
+        driver.max_wait = max_wait or 0.0
+        driver.max_calls = max_policy_calls or driver.venv.num_envs
+
+    @property
+    def policy_version(self) -> int:
+        """The current policy's version (0 at first; `update_policy` adds 1)."""
+        return self._driver.version
+
+    def update_policy(self, policy: Callable[..., Any] | None = None) -> int:
+        """Start a new policy version (swapping in ``policy`` if given); returns it.
+
+        Actions chosen from now on record the new version; policy calls
+        already in flight keep the version they started with.
+        """
+        if policy is not None and not callable(policy):
+            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        return self._driver.new_version(policy)
+
+    # -- await front end ------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[B]:
+        self._check_front("async for", async_=True)
+        return self._abatches()
+
+    async def _abatches(self) -> AsyncIterator[B]:
+        try:
+            while (batch := await self._driver.next_batch()) is not None:
+                yield batch
+        finally:
+            await self._driver.stop()
+
+    async def aclose(self) -> None:
+        """Cancel the policy's calls and every env's call in flight (idempotent)."""
+        await self._driver.stop()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- blocking front end ------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[B]:
+        self._check_front("for", async_=False)
+        return self._batches()
+
+    def _batches(self) -> Iterator[B]:
+        assert self._runner is not None
+        try:
+            while (batch := self._runner.run(self._driver.next_batch())) is not None:
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The blocking front end's `aclose`."""
+        if self._runner is not None and not self._runner._closed:
+            self._runner.run(self._driver.stop())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_front(self, how: str, *, async_: bool) -> None:
+        if (self._runner is None) == async_:
+            return
+        other = "for" if async_ else "async for"
+        over = "a BlockingVectorEnv" if async_ else "an AsyncioVectorEnv"
+        name = type(self).__name__
+        article = "an" if name[0] in "AEIOU" else "a"
+        raise TypeError(f"{article} {name} over {over} is iterated with `{other}`, not `{how}`")
+
+
+def _check_batching(
+    max_batch: int | None,
+    max_wait: float,
+    max_policy_calls: int | None,
+    max_lag: int | None,
+) -> None:
+    """The policy-batching knobs both collectors take (and ``max_lag``)."""
+    if max_batch is not None:
+        _check_count("max_batch", max_batch)
+    if max_wait != 0:
+        validate.check_timeout("max_wait", max_wait)
+    if max_policy_calls is not None:
+        _check_count("max_policy_calls", max_policy_calls)
+    if max_lag is not None:
+        _check_count("max_lag", max_lag, least=0)
+
+
+class Collector(_Front[SegmentBatch]):
     """Collect trajectory segments from a vector env, no env waiting for another.
 
     Args:
@@ -70,12 +207,20 @@ class Collector:
         max_batch: At most this many envs per policy call (``None``: all ready).
         max_wait: Seconds to wait for more ready envs before calling the
             policy with fewer than ``max_batch`` (0: call it at once).
+        max_policy_calls: At most this many calls of an ``async def``
+            policy in flight (``None``: no limit).  Envs that become ready
+            meanwhile wait, and go to the next call together: one call at a
+            time (the default) suits a model server that serves one batched
+            call at a time; raise it for a server that batches requests
+            itself (docs/collector.md has the figures).
         reset_options: ``reset_options(env_id, episode) -> dict | None``,
             set as the vector env's hook (see `aiovec.AsyncioVectorEnv`).
         max_lag: Keep out of batches any segment with a transition from a
             policy more than this many versions older than the current one
             (such segments are dropped and counted in ``dropped``).
-        seed: The seed of the reset that starts the collection.
+        seed: The seed of the reset that starts the collection (env ``i``
+            gets ``seed + i``, as ``reset(seed=seed)``); each env steps as
+            soon as its own reset is done.
 
     Example:
         >>> async with aiovec.Collector(venv, policy, segment_length=32,
@@ -94,118 +239,30 @@ class Collector:
         batch_size: int,
         max_batch: int | None = None,
         max_wait: float = 0.0,
+        max_policy_calls: int | None = 1,
         reset_options: ResetHook | None = None,
         max_lag: int | None = None,
         seed: int | None = None,
     ) -> None:
-        venv = getattr(envs, "vector_env", envs)
-        if not isinstance(venv, AsyncioVectorEnv):
-            raise TypeError(
-                "envs must be an aiovec.AsyncioVectorEnv or aiovec.BlockingVectorEnv, "
-                f"got {validate.describe(envs)}"
-            )
-        if not callable(policy):
-            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
+        venv = self._open(envs, policy)
         _check_count("segment_length", segment_length)
         _check_count("batch_size", batch_size)
-        if max_batch is not None:
-            _check_count("max_batch", max_batch)
-        if max_wait != 0:
-            validate.check_timeout("max_wait", max_wait)
-        if max_lag is not None:
-            _check_count("max_lag", max_lag, least=0)
+        _check_batching(max_batch, max_wait, max_policy_calls, max_lag)
         if reset_options is not None and venv.reset_options not in (None, reset_options):
             raise ValueError(
                 "reset_options: the vector env has a reset_options hook already; "
                 "give it to one of them only"
             )
-        self._runner = getattr(envs, "_runner", None)  # BlockingVectorEnv's
         if reset_options is not None:
             venv.reset_options = reset_options
-        self.envs = envs
-        self._driver = _Driver(
-            venv, policy, segment_length, batch_size, max_batch, max_wait or 0.0, max_lag, seed
-        )
-
-    @property
-    def policy_version(self) -> int:
-        """The current policy's version (0 at first; `update_policy` adds 1)."""
-        return self._driver.version
+        driver = _SegmentDriver(venv, policy, segment_length, batch_size, seed)
+        driver.max_lag = max_lag
+        self._set_driver(driver, max_batch, max_wait, max_policy_calls)
 
     @property
     def dropped(self) -> int:
         """How many segments ``max_lag`` kept out of batches so far."""
         return self._driver.dropped
-
-    def update_policy(self, policy: Callable[..., Any] | None = None) -> int:
-        """Start a new policy version (swapping in ``policy`` if given); returns it.
-
-        Actions chosen from now on record the new version; policy calls
-        already in flight keep the version they started with.
-        """
-        if policy is not None and not callable(policy):
-            raise TypeError(f"policy must be callable, got {validate.describe(policy)}")
-        return self._driver.new_version(policy)
-
-    # -- await front end ------------------------------------------------------------
-
-    def __aiter__(self) -> AsyncIterator[SegmentBatch]:
-        self._check_front("async for", async_=True)
-        return self._abatches()
-
-    async def _abatches(self) -> AsyncIterator[SegmentBatch]:
-        try:
-            while True:
-                yield await self._driver.next_batch()
-        finally:
-            await self._driver.stop()
-
-    async def aclose(self) -> None:
-        """Cancel the policy's calls and every env's call in flight (idempotent)."""
-        await self._driver.stop()
-
-    async def __aenter__(self) -> Collector:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    # -- blocking front end ------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[SegmentBatch]:
-        self._check_front("for", async_=False)
-        return self._batches()
-
-    def _batches(self) -> Iterator[SegmentBatch]:
-        assert self._runner is not None
-        try:
-            while True:
-                yield self._runner.run(self._driver.next_batch())
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """The blocking front end's `aclose`."""
-        if self._runner is not None and not self._runner._closed:
-            self._runner.run(self._driver.stop())
-
-    def __enter__(self) -> Collector:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _check_front(self, how: str, *, async_: bool) -> None:
-        if (self._runner is None) == async_:
-            return
-        other = "for" if async_ else "async for"
-        kind = "AsyncioVectorEnv" if async_ else "BlockingVectorEnv"
-        raise TypeError(f"a Collector over a {kind} is iterated with `{other}`, not `{how}`")
 
 
 def _put_row(tree: Any, k: int, value: Any) -> None:
@@ -228,74 +285,72 @@ def _check_count(name: str, value: object, *, least: int = 1) -> None:
 
 
 class _Driver:
-    """The collection loop over one vector env (see the module docstring)."""
+    """The env and policy machinery of a collection (see the module docstring).
 
-    def __init__(  # noqa: PLR0917
-        self,
-        venv: AsyncioVectorEnv[Any, Any],
-        policy: Callable[..., Any],
-        length: int,
-        batch_size: int,
-        max_batch: int | None,
-        max_wait: float,
-        max_lag: int | None,
-        seed: int | None,
-    ) -> None:
-        self.venv, self.policy, self.length = venv, policy, length
-        self.batch_size, self.max_lag, self.seed = batch_size, max_lag, seed
-        self.max_batch = max_batch or venv.num_envs
-        self.max_wait = max_wait
+    Written once for both collectors; what differs is where the rows go
+    (``book``: `SegmentBook`, or `~aiovec._core.episodes.EpisodeBook`) and what
+    happens when an env's episode ends (`_after_ends`; by default the env is
+    reset as the autoreset mode says).  A book is told what each env was
+    shown (``observed``), what the policy chose (``acted``) and what the step
+    gave (``stepped``); it shows the policy its input (``shown``).
+    """
+
+    book: Book | None  # None when no collection is running
+
+    def __init__(self, venv: AsyncioVectorEnv[Any, Any], policy: Callable[..., Any]) -> None:
+        self.venv, self.policy = venv, policy
+        self.max_batch = venv.num_envs
+        self.max_wait = 0.0
+        self.max_calls = venv.num_envs  # policy calls in flight at most
+        self.max_lag: int | None = None
         self.version = self.dropped = 0
         self.out = 0  # envs sent, not yet received
-        self.book: SegmentBook | None = None
+        self.book = None
         self.ready: list[int] = []  # envs whose observation waits for the policy
         self.ready_since = 0.0  # when the oldest of them became ready
         self.calls: dict[asyncio.Task[Any], tuple[np.ndarray, int]] = {}  # async policy calls
-        self.resetting = np.zeros(venv.num_envs, np.bool_)  # NEXT_STEP reset rows out
+        self.receiving: asyncio.Task[Any] | None = None  # a recv raced against policy calls
+        self.resetting = np.zeros(venv.num_envs, np.bool_)  # reset rows out (start, NEXT_STEP)
         self.parked: list[int] = []  # DISABLED: ended envs waiting for a reset
         self.reset_due: list[int] = []  # NEXT_STEP: ended envs whose reset row is not sent yet
         self.last_actions: Any = None
         self.mode = venv.autoreset_mode
+        self.check_actions: dict[int, Callable[[object], None]] = {}  # by number of envs
+        self._stopping: asyncio.Future[None] | None = None
 
     def new_version(self, policy: Callable[..., Any] | None) -> int:
         if policy is not None:
             self.policy = policy
         self.version += 1
         if self.max_lag is not None and self.book is not None:
-            self.dropped += self.book.drop_older_than(self.version - self.max_lag)
+            self._drop_lagging(self.version - self.max_lag)
         return self.version
 
-    async def next_batch(self) -> SegmentBatch:
-        if self.book is None:
-            await self._start()
-        book = self.book
-        assert book is not None
-        while self._short(book):
-            self._dispatch()
-            await self._wait()
-        return book.take(self.batch_size)
+    def _drop_lagging(self, version: int) -> None:
+        """Drop (and count) what holds an action of a policy before ``version``."""
+        raise NotImplementedError
 
-    def _short(self, book: SegmentBook) -> bool:
-        """Whether a batch is still short, once ``max_lag`` dropped what it keeps out."""
-        if self.max_lag is not None:
-            self.dropped += book.drop_older_than(self.version - self.max_lag)
-        return len(book.finished) < self.batch_size
+    async def _send_resets(
+        self, ids: list[int], seeds: Any, options: list[dict[str, Any] | None] | None = None
+    ) -> None:
+        """Start resets of envs ``ids``: each is ready (and steps) once its own is done."""
+        await self.venv._send_resets(seeds, env_ids=ids, options=options)
+        self.resetting[ids] = True
+        self.out += len(ids)
 
-    async def _start(self) -> None:
-        venv = self.venv
-        obs, _ = await venv.reset(seed=self.seed)
-        spaces = venv.single_observation_space, venv.single_action_space
-        self.book = SegmentBook(*spaces, venv.num_envs, self.length)
-        ids = np.arange(venv.num_envs)
-        self.book.observed(ids, as_tree(venv.single_observation_space, obs))
-        self.last_actions = self.book.action_rows()
-        self._became_ready(ids.tolist())
+    async def next_batch(self) -> Any:
+        """The next batch, or ``None`` once the collection is over."""
+        raise NotImplementedError
 
     # -- the policy -------------------------------------------------------------------
 
     def _dispatch(self) -> None:
         """Hand ready envs to the policy, ``max_batch`` at a time (``max_wait`` permitting)."""
-        while self.ready and (len(self.ready) >= self.max_batch or self._waited_enough()):
+        while (
+            self.ready
+            and len(self.calls) < self.max_calls
+            and (len(self.ready) >= self.max_batch or self._waited_enough())
+        ):
             ids = np.array(self.ready[: self.max_batch], np.int64)
             del self.ready[: self.max_batch]
             self.ready_since = time.perf_counter()
@@ -320,12 +375,38 @@ class _Driver:
     def _act(self, ids: np.ndarray, answer: Any, version: int) -> None:
         """Record the policy's ``answer`` for ``ids`` and send the actions."""
         assert self.book is not None
-        pair = isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)
-        actions, extras = answer if pair else (answer, {})
-        actions = tree_map(np.asarray, actions)
+        actions, extras = self._answer(ids, answer)
         self.book.acted(ids, actions, extras, version)
         tree_map(lambda buf, a: buf.__setitem__(ids, a), self.last_actions, actions)
         self._send(ids, actions)
+
+    def _answer(self, ids: np.ndarray, answer: Any) -> tuple[Any, dict[str, Any]]:
+        """The policy's ``answer`` as ``(actions, extras)``, checked against ``ids``.
+
+        One action per env, of the action space's shape and dtype, and one
+        row per env in each extra; an error names the policy, the envs and
+        the extra.
+        """
+        pair = isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)
+        actions, extras = answer if pair else (answer, {})
+        count = len(ids)
+        who = f"policy {_name(self.policy)} for env(s) {ids.tolist()}"
+        check = self.check_actions.get(count)
+        if check is None:
+            space = self.venv.single_action_space
+            check = self.check_actions[count] = validate.action_checker(
+                space, count, f"the actions of {who}"
+            )
+        check(actions)
+        actions = tree_map(np.asarray, actions)
+        for name, values in extras.items():
+            rows = np.shape(values)[:1]
+            if rows != (count,):
+                got = f"shape {np.shape(values)}" if np.ndim(values) else "a scalar"
+                raise ValueError(
+                    f"extra {name!r} of {who} must have one row per env ({count}), got {got}"
+                )
+        return actions, extras
 
     def _send(self, ids: np.ndarray, actions: Any) -> None:
         """Send ``actions`` to ``ids``, and the reset rows due with them (one request)."""
@@ -349,27 +430,42 @@ class _Driver:
     # -- waiting and receiving ----------------------------------------------------------
 
     async def _wait(self) -> None:
+        """Wait for an env's step, a policy call or the end of ``max_wait``, what comes first."""
         limit = self._wait_limit()
         if limit is not None and limit <= 0:
             return  # max_wait is over: the ready envs go to the policy now
-        if self.out:
-            timeout = limit if not self.calls else min(limit or _POLL, _POLL)
-            self._received(await self.venv.recv(min_envs=self._wanted(), timeout=timeout))
-        elif self.calls:
-            await asyncio.wait(self.calls, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        if self.out and not self.calls and self.receiving is None:  # only envs are out
+            self._received(await self.venv.recv(min_envs=self._wanted(), timeout=limit))
+        elif self.calls or self.receiving is not None:
+            if self.out and self.receiving is None:  # raced against the policy's calls
+                recv = self.venv.recv(min_envs=self._wanted(), timeout=limit)
+                self.receiving = asyncio.ensure_future(recv)
+            waits = [*self.calls] if self.receiving is None else [*self.calls, self.receiving]
+            await asyncio.wait(waits, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            receiving = self.receiving
+            if receiving is not None and receiving.done():
+                self.receiving = None
+                self._received(receiving.result())
         elif self.parked:
             await self._reset_parked()
         self._harvest()
 
     def _wanted(self) -> int:
-        """``recv``'s ``min_envs``: 1, or under ``max_wait`` what fills a policy call."""
-        if not self.max_wait:
+        """``recv``'s ``min_envs``: 1, or under ``max_wait`` what fills a policy call.
+
+        ``max_wait`` counts from the first ready env: until one is, any env will do.
+        """
+        if not self.max_wait or not self.ready:
             return 1
         return max(1, min(self.out, self.max_batch - len(self.ready)))
 
     def _wait_limit(self) -> float | None:
-        """How long to wait before ready envs must go to the policy (``max_wait``)."""
-        if not self.ready or not self.max_wait:
+        """How long to wait before ready envs must go to the policy (``max_wait``).
+
+        No limit while the policy takes no more calls (``max_policy_calls``):
+        the ready envs go with the next call that may start.
+        """
+        if not self.ready or not self.max_wait or len(self.calls) >= self.max_calls:
             return None
         return max(0.0, self.ready_since + self.max_wait - time.perf_counter())
 
@@ -381,10 +477,10 @@ class _Driver:
         obs = as_tree(self.venv.single_observation_space, obs)
         assert self.book is not None
         resets = self.resetting[ids]
-        if resets.any():  # NEXT_STEP reset rows: a new episode's first observation
+        if resets.any():  # reset rows (a start's, NEXT_STEP's): a new episode's first obs
             self.resetting[ids[resets]] = False
             self.book.observed(ids[resets], tree_map(lambda a: a[resets], obs))
-            self._became_ready(ids[resets].tolist())
+            self._reset_rows(ids[resets], truncations[resets])
         steps = ~resets
         if steps.any():
             self._transitions(ids, steps, obs, rewards, terminations, truncations, infos)
@@ -407,9 +503,11 @@ class _Driver:
 
         ended = terminations | truncations
         infos_of = row_infos(infos, len(ids)) if infos else None
-        next_obs = tree_map(lambda a: pick(a).copy(), obs)
-        if self.mode is AutoresetMode.SAME_STEP and ended.any():
+        if self.mode is AutoresetMode.SAME_STEP and ended.any():  # final_obs written in
+            next_obs = tree_map(lambda a: pick(a).copy(), obs)
             self._final_obs(next_obs, ended, infos, rows, infos_of)
+        else:
+            next_obs = tree_map(pick, obs)  # the book copies it
         step_ids = ids if every else ids[rows]
         kept = [infos_of[k] for k in np.flatnonzero(rows)] if infos_of else None
         self.book.stepped(
@@ -437,8 +535,21 @@ class _Driver:
             if infos_of is not None and last_infos is not None:
                 infos_of[row] = last_infos[row]
 
+    def _reset_rows(self, ids: np.ndarray, restarted: np.ndarray) -> None:
+        """Envs ``ids`` were reset: they are ready.
+
+        ``restarted``: the reset failed and the vector env restarted the env
+        (``on_error="restart"``), resetting it its own way; here that reset
+        starts the env's episode as well.
+        """
+        self._became_ready(ids.tolist())
+
     def _after_ends(self, ids: np.ndarray, ended: np.ndarray) -> None:
-        """Envs that ended reset as the mode says; the others are ready."""
+        """Envs that ended reset as the mode says; the others are ready.
+
+        The hook for what happens when an env's episode ends: the
+        `EpisodeCollector`'s driver starts the env's next episode its own way.
+        """
         if self.mode is AutoresetMode.SAME_STEP or not ended.any():
             self._became_ready(ids.tolist())
             return
@@ -467,13 +578,90 @@ class _Driver:
         self.ready.extend(ids)
 
     async def stop(self) -> None:
-        """Cancel the policy's calls and the envs' calls in flight."""
-        for task in self.calls:
-            task.cancel()
-        if self.calls:
-            await asyncio.wait(self.calls)
+        """Cancel the policy's calls and the envs' calls in flight (once at a time).
+
+        Several callers may stop at once: ``aclose()`` and the iterator's own
+        end, which the loop runs as a task of its own when it finalizes an
+        abandoned ``async for``.  The first does the work; the others wait
+        for it, shielded, so that a cancelled caller never cuts it short.
+        """
+        stopping = self._stopping
+        if stopping is None:
+            stopping = self._stopping = asyncio.ensure_future(self._stop())
+            stopping.add_done_callback(self._stopped)
+        await asyncio.shield(stopping)
+
+    def _stopped(self, stopping: asyncio.Future[None]) -> None:
+        self._stopping = None
+        if not stopping.cancelled():
+            stopping.exception()  # retrieved: the callers that awaited it raised it
+
+    async def _stop(self) -> None:
+        waits = [*self.calls, *([self.receiving] if self.receiving is not None else [])]
+        for task in waits:
+            task.cancel()  # a recv cancelled cancels its envs' calls
+        if waits:
+            await asyncio.wait(waits)
+        for task in waits:
+            if not task.cancelled():
+                task.exception()  # retrieved: the collection is over, its errors with it
         self.calls.clear()
+        self.receiving = None
         await self.venv._stop_sent("a Collector stopped with envs in flight")
         self.book, self.out, self.ready, self.parked = None, 0, [], []  # iterating resets
         self.reset_due = []
         self.resetting[:] = False
+        self._forget()
+
+    def _forget(self) -> None:
+        """What the collection had under way is gone (`stop`): iterating starts again."""
+
+
+class _SegmentDriver(_Driver):
+    """The `Collector`'s driver: segments of ``length`` transitions, ``batch_size`` a batch."""
+
+    book: SegmentBook | None
+
+    def __init__(
+        self,
+        venv: AsyncioVectorEnv[Any, Any],
+        policy: Callable[..., Any],
+        length: int,
+        batch_size: int,
+        seed: int | None,
+    ) -> None:
+        super().__init__(venv, policy)
+        self.length, self.batch_size, self.seed = length, batch_size, seed
+
+    def _drop_lagging(self, version: int) -> None:
+        assert self.book is not None
+        self.dropped += self.book.drop_older_than(version)
+
+    async def next_batch(self) -> SegmentBatch:
+        if self.book is None:
+            await self._start()
+        book = self.book
+        assert book is not None
+        while self._short(book):
+            self._dispatch()
+            await self._wait()
+        return book.take(self.batch_size)
+
+    def _short(self, book: SegmentBook) -> bool:
+        """Whether a batch is still short, once ``max_lag`` dropped what it keeps out."""
+        if self.max_lag is not None:
+            self._drop_lagging(self.version - self.max_lag)
+        return len(book.finished) < self.batch_size
+
+    async def _start(self) -> None:
+        """Send every env its reset; each is ready (and steps) once its own reset is done."""
+        venv = self.venv
+        spaces = venv.single_observation_space, venv.single_action_space
+        book = SegmentBook(*spaces, venv.num_envs, self.length)
+        await self._send_resets(list(range(venv.num_envs)), self.seed)
+        self.book, self.last_actions = book, book.action_rows()
+
+
+def _name(policy: Callable[..., Any]) -> str:
+    """A policy's name for an error message."""
+    return str(getattr(policy, "__qualname__", None) or type(policy).__qualname__)

@@ -9,6 +9,8 @@ The tree::
      |                              a multiprocessing.TimeoutError (what AsyncVectorEnv raises)
      |    +-- WorkerDiedError       the process or actor hosting some envs died
      +-- ValueError
+          +-- SpacesDifferError     the envs' spaces differ (observation_mode says how
+          |                         they may); also a RuntimeError, as gymnasium raises
           +-- StateError            the call is not allowed in the vector env's state
                +-- ClosedError      any call after close() (also a gymnasium
                |                    ClosedEnvironmentError)
@@ -37,6 +39,7 @@ __all__ = (
     "EnvError",
     "EnvTimeoutError",
     "NoAsyncCallError",
+    "SpacesDifferError",
     "StateError",
     "WorkerDiedError",
 )
@@ -117,6 +120,14 @@ class EnvTimeoutError(EnvError, TimeoutError, multiprocessing.TimeoutError):
 
 class WorkerDiedError(EnvError):
     """The worker (process or actor) that hosted the failing envs died."""
+
+
+class SpacesDifferError(ValueError, RuntimeError):
+    """The envs' spaces differ in a way that ``observation_mode`` does not allow.
+
+    A ``ValueError`` (a bad argument: the factories) and a ``RuntimeError``,
+    which gymnasium's vector envs raise there.
+    """
 
 
 class StateError(ValueError):

@@ -44,8 +44,8 @@ from aiovec._core.lifecycle import PENDING, Lifecycle, State
 from aiovec._core.ops import Op
 from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, WorkerDiedError
-from aiovec._log import logger
-from aiovec._restarter import Restarter, say_envs
+from aiovec._log import logger, say_envs
+from aiovec._restarter import Restarter
 from aiovec._sent import Sent
 from aiovec.backends import Backend
 from aiovec.backends._base import Outcomes
@@ -145,7 +145,7 @@ class Flight:
         name = PENDING[self.life.state]  # what is in flight: "step" or "reset"
         outcomes = self._collect_sent(wanted, wait, name)
         least = wanted if strict else 0
-        return self._finish(outcomes, name, call, True, State.READY, True, least, wait)
+        return self._finish(outcomes, name, call, True, State.READY, True, least, wait, not strict)
 
     async def _finish(  # noqa: PLR0917  (positional: it is on the hot path of every call)
         self,
@@ -157,6 +157,7 @@ class Flight:
         breaks: bool,
         least: int = 0,
         wait: float | None = None,
+        sends: bool = False,
     ) -> Results:
         """The one end of every call: await ``outcomes``, restart, raise (see the module).
 
@@ -172,9 +173,12 @@ class Flight:
             least: Unless this many outcomes came, the envs still out fail
                 with ``TimeoutError`` (the caller's ``wait``); 0: none is due.
             wait: The caller's timeout, for that message.
+            sends: More envs may be sent until this call ends (``recv()``: the
+                vector env is ``RECEIVING`` meanwhile; what they deliver while
+                a restart waits for its own envs is held for this call).
         """
         life, sent_envs = self.life, self.sent
-        life.state = State.BUSY
+        life.state = State.RECEIVING if sends else State.BUSY
         refusal = ""
         try:
             results, errors = await outcomes
@@ -185,6 +189,8 @@ class Flight:
                     errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
             if name == "step":
                 self.check_steps(results, errors)
+                if not errors and self._restarter.outage is not None:
+                    self._restarter.calm()  # every env answered: the outage is over
             while errors and not late and self._restarter.restartable(errors, step=name == "step"):
                 refusal = self._restarter.charge(errors)
                 if refusal:
@@ -277,12 +283,17 @@ class Flight:
     def send(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""
         self.sent.start(ids, time.perf_counter())
-        self.life.state = State.RESET_SENT if op.name == "reset" else State.SENT
+        life, backend = self.life, self.backend
+        receiving = life.state is State.RECEIVING
+        if not receiving:
+            life.state = State.RESET_SENT if op.name == "reset" else State.SENT
         try:
-            self.backend.launch(ids, op)
+            backend.launch(ids, op)
         except BaseException as exc:  # Ctrl-C raised by a sync env: stop everything
             self.abandon(f"{call} was interrupted ({type(exc).__name__})")
             raise
+        if receiving:  # the recv() waiting re-plans: some may be done, their deadlines count
+            backend.wake()
 
     async def _collect_sent(self, wanted: int, wait_s: float | None, name: str) -> Outcomes:
         """Outcomes of sent envs until ``wanted`` arrived, ``wait_s`` passed or all are in.
@@ -353,7 +364,8 @@ class Flight:
         timed_out = sorted(i for i in expired.intersection(errors) if _cancelled(errors[i]))
         for i in timed_out:
             errors[i] = TimeoutError(f"env {i} did not answer {name}() within {timeout} s")
-        if timed_out:
+        if timed_out and not (name == "step" and self._restarter.policy is not None):
+            # (a step's timeouts under a restart policy are counted in its outage)
             logger.warning(
                 "%s did not answer %s() within %s s; cancelled", say_envs(timed_out), name, timeout
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import gymnasium
 from gymnasium.envs.registration import EnvSpec, VectorizeMode
@@ -17,6 +17,13 @@ from aiovec._vector import AsyncioVectorEnv
 __all__ = ("make",)
 
 _VECTOR_KWARGS = frozenset(VECTOR_OPTIONS)
+
+_GYMNASIUM_TRANSPORT = frozenset({"shared_memory", "context", "daemon"})
+"""``gymnasium.vector.AsyncVectorEnv`` arguments that say how its subprocesses run.
+
+aiovec decides these itself (observations always travel through shared memory,
+workers are started and ended by the vector env), so they are accepted in
+``vector_kwargs`` and have no effect; its ``worker`` argument is refused."""
 
 
 def _build(
@@ -31,9 +38,39 @@ def _build(
 _BACKEND_OF_MODE = {VectorizeMode.SYNC: "inline", VectorizeMode.ASYNC: "process"}
 """The backend each of ``gymnasium.make_vec``'s modes stands for (its vector env's twin)."""
 
+EnvId = str | EnvSpec | Callable[..., Any]
+
+
+@overload
+def make(
+    env_id: EnvId | None = ...,
+    num_envs: int = ...,
+    vectorization_mode: VectorizeMode | str | None = ...,
+    vector_kwargs: dict[str, Any] | None = ...,
+    wrappers: Sequence[Callable[[Any], Any]] | None = ...,
+    *,
+    blocking: Literal[False],
+    backend: str | None = ...,
+    **kwargs: Any,
+) -> AsyncioVectorEnv[Any, Any]: ...
+
+
+@overload
+def make(
+    env_id: EnvId | None = ...,
+    num_envs: int = ...,
+    vectorization_mode: VectorizeMode | str | None = ...,
+    vector_kwargs: dict[str, Any] | None = ...,
+    wrappers: Sequence[Callable[[Any], Any]] | None = ...,
+    *,
+    blocking: Literal[True] | None = ...,
+    backend: str | None = ...,
+    **kwargs: Any,
+) -> BlockingVectorEnv: ...
+
 
 def make(
-    env_id: str | EnvSpec | Callable[..., Any],
+    env_id: EnvId | None = None,
     num_envs: int = 1,
     vectorization_mode: VectorizeMode | str | None = None,
     vector_kwargs: dict[str, Any] | None = None,
@@ -45,26 +82,38 @@ def make(
 ) -> AsyncioVectorEnv[Any, Any] | BlockingVectorEnv:
     """Build a vector env of ``num_envs`` copies of one env, like ``gymnasium.make_vec``.
 
-    The first five arguments are ``gymnasium.make_vec``'s, in its order: a call
-    of ``gymnasium.make_vec`` works unchanged as a call of ``aiovec.make`` and
-    returns a `BlockingVectorEnv` (a ``gymnasium.vector.VectorEnv``).
+    The first five arguments are ``gymnasium.make_vec``'s, in its order and
+    under its names (its first one may be given as ``id=``): a call of
+    ``gymnasium.make_vec`` works unchanged as a call of ``aiovec.make`` and
+    returns a `BlockingVectorEnv`, a ``gymnasium.vector.VectorEnv``.
+
+    ``blocking=False`` returns an `AsyncioVectorEnv`, the await API, instead.
+    That is a keyword rather than the default because code that calls
+    ``make_vec`` expects a gymnasium vector env (``obs, info = envs.reset()``);
+    ``async with aiovec.make(..., blocking=False) as venv`` is the way in for
+    code that awaits.  The keyword, not a second function, keeps one place
+    that turns make_vec's arguments into aiovec's.
 
     Args:
         env_id: A gymnasium registry id (``"CartPole-v1"``) or ``EnvSpec``, or a
-            callable building one env (e.g. an `aiovec.AsyncEnv` subclass).
+            callable building one env (e.g. an `aiovec.AsyncEnv` subclass);
+            also accepted as ``id=``, ``gymnasium.make_vec``'s name for it.
         num_envs: How many copies.
         vectorization_mode: ``"sync"`` or ``"async"`` (or gymnasium's
-            ``VectorizeMode``), as in ``gymnasium.make_vec``: a
-            `BlockingVectorEnv` on the ``"inline"`` (``SyncVectorEnv``'s twin)
-            or ``"process"`` (``AsyncVectorEnv``'s twin) backend, unless
-            ``backend`` says otherwise.  ``None``: see ``blocking``.
+            ``VectorizeMode``), as in ``gymnasium.make_vec``: the
+            ``"inline"`` (``SyncVectorEnv``'s twin) or ``"process"``
+            (``AsyncVectorEnv``'s twin) backend, unless ``backend`` says
+            otherwise.  ``None``: ``"inline"``.  aiovec vectorizes single
+            envs, so ``"vector_entry_point"`` is refused.
         vector_kwargs: Arguments of the vector env (``backend``,
             ``num_workers``, ``autoreset_mode``, ``copy``, ...), as in
             ``gymnasium.make_vec``; they may also be given as keywords.
+            ``AsyncVectorEnv``'s ``shared_memory``, ``context`` and ``daemon``
+            are accepted and have no effect (aiovec runs its own workers).
         wrappers: Callables applied, in order, to each single env.
-        blocking: Return a `BlockingVectorEnv` instead of an
-            `AsyncioVectorEnv` (default: ``True`` when ``vectorization_mode``
-            is given, else ``False``).
+        blocking: ``False``: return an `AsyncioVectorEnv` (the await API)
+            instead of a `BlockingVectorEnv`.  ``None`` and ``True``: a
+            `BlockingVectorEnv`.
         backend: Where envs live (see `AsyncioVectorEnv`); default:
             ``vectorization_mode``'s, else ``"inline"``.
         **kwargs: The vector env's options (``num_workers``, ``step_timeout``,
@@ -72,17 +121,24 @@ def make(
             vector env; everything else is passed to ``gymnasium.make`` (or to the factory).
 
     Returns:
-        The vector env.
+        A `BlockingVectorEnv`, or an `AsyncioVectorEnv` with ``blocking=False``.
 
     Raises:
-        TypeError: ``env_id`` is neither an id nor a callable, ``num_envs``
-            is not an int, or ``vector_kwargs`` is not a dict of the vector
-            env's arguments.
+        TypeError: ``env_id`` is neither an id nor a callable, or given twice
+            (as ``env_id`` and ``id``); ``num_envs`` is not an int;
+            ``vector_kwargs`` is not a dict of the vector env's arguments.
         ValueError: ``num_envs`` is below 1; ``vectorization_mode`` is not
             ``"sync"`` or ``"async"``, or is given with ``blocking=False`` (an
             `AsyncioVectorEnv` is not a gymnasium vector env); an argument is
             given both in ``vector_kwargs`` and as a keyword.
+
+    Example:
+        >>> envs = aiovec.make("CartPole-v1", 8)  # as gymnasium.make_vec  # doctest: +SKIP
+        >>> obs, infos = envs.reset(seed=0)  # doctest: +SKIP
+        >>> async with aiovec.make("CartPole-v1", 8, blocking=False) as venv:  # doctest: +SKIP
+        ...     obs, infos = await venv.reset(seed=0)
     """
+    given_id = _the_env_id(env_id, kwargs)
     if isinstance(num_envs, bool) or not isinstance(num_envs, int):
         raise TypeError(f"num_envs must be an int >= 1, got {describe(num_envs)}")
     if num_envs < 1:
@@ -94,18 +150,32 @@ def make(
     if backend is None:
         backend = "inline" if mode is None else _BACKEND_OF_MODE[mode]
     maker: Callable[..., Any]
-    if isinstance(env_id, str | EnvSpec):
-        maker = functools.partial(gymnasium.make, env_id)
-    elif callable(env_id):
-        maker = env_id
+    if isinstance(given_id, str | EnvSpec):
+        maker = functools.partial(gymnasium.make, given_id)
+    elif callable(given_id):
+        maker = given_id
     else:
         raise TypeError(
             f"env_id must be a gymnasium registry id, an EnvSpec or a callable that builds an env, "
-            f"got {describe(env_id)}"
+            f"got {describe(given_id)}"
         )
     factory = functools.partial(_build, maker, env_kwargs, tuple(wrappers or ()))
-    cls = BlockingVectorEnv if blocking or mode is not None else AsyncioVectorEnv
+    cls = AsyncioVectorEnv if blocking is False else BlockingVectorEnv
     return cls([factory] * num_envs, backend=backend, **options)
+
+
+def _the_env_id(env_id: object, kwargs: dict[str, Any]) -> object:
+    """``env_id``, or ``id=`` (``gymnasium.make_vec``'s name), taken out of ``kwargs``."""
+    if "id" not in kwargs:
+        if env_id is None:
+            raise TypeError("aiovec.make() needs env_id (a registry id, EnvSpec or factory)")
+        return env_id
+    given = kwargs.pop("id")
+    if env_id is not None:
+        raise TypeError(
+            f"aiovec.make() got the env twice: env_id={describe(env_id)} and id={describe(given)}"
+        )
+    return given
 
 
 def _check_mode(mode: object, blocking: bool | None) -> VectorizeMode | None:
@@ -119,7 +189,7 @@ def _check_mode(mode: object, blocking: bool | None) -> VectorizeMode | None:
     if checked not in _BACKEND_OF_MODE:
         raise ValueError(
             "vectorization_mode must be 'sync' or 'async' (or gymnasium's VectorizeMode.SYNC/"
-            f"ASYNC; aiovec does not use vector entry points), got {describe(mode)}"
+            f"ASYNC; aiovec vectorizes single envs, not vector entry points), got {describe(mode)}"
         )
     if blocking is False:
         raise ValueError(
@@ -137,6 +207,12 @@ def _vector_options(
     given = {} if vector_kwargs is None else vector_kwargs
     if not isinstance(given, dict):
         raise TypeError(f"vector_kwargs must be a dict or None, got {describe(given)}")
+    if given.get("worker") is not None:
+        raise TypeError(
+            "vector_kwargs['worker']: aiovec runs its own workers and takes no worker function "
+            "of gymnasium's AsyncVectorEnv; leave it out"
+        )
+    given = {k: v for k, v in given.items() if k not in _GYMNASIUM_TRANSPORT and k != "worker"}
     allowed = _VECTOR_KWARGS
     unknown = sorted(set(given) - allowed)
     if unknown:

@@ -7,6 +7,11 @@ then rebuilds them through the backend and resets them, waiting between tries
 as the policy says, and logs what happens.  The resets are made by the caller's
 ``gather`` (`aiovec._flight.Flight.gather`), so timeouts apply to them as to
 any call.  `policy_of` says which policy ``on_error`` means.
+
+What it logs is said per outage (`Outage`), not per env and step: one line
+when a step's failures start one, one when `CALM_STEPS` steps in a row without
+a failure end it (`calm`), with counts, and at most one line every
+`SAY_EVERY` seconds between; giving up ends it too.
 """
 
 from __future__ import annotations
@@ -20,13 +25,19 @@ from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.calls import Reset
 from aiovec._core.ops import CallOp
-from aiovec._core.restart import RestartBook, RestartPolicy, describe_failure, restarted_row
+from aiovec._core.restart import (
+    Outage,
+    RestartBook,
+    RestartPolicy,
+    describe_failure,
+    restarted_row,
+)
 from aiovec._errors import EnvError, describe_error
-from aiovec._log import logger
+from aiovec._log import logger, say_envs
 from aiovec.backends import Backend
 from aiovec.backends._base import Outcomes
 
-__all__ = ("Restarter", "policy_of", "say_envs")
+__all__ = ("Restarter", "policy_of")
 
 Gather = Callable[[Sequence[int], CallOp], Awaitable[Outcomes]]
 """Launch a call on some envs and collect every env's outcome (timeouts applied)."""
@@ -43,7 +54,7 @@ class Restarter:
             takes the reset-options hook's options).
     """
 
-    __slots__ = ("_autoreset", "_backend", "_book", "policy")
+    __slots__ = ("_autoreset", "_backend", "_book", "outage", "policy")
 
     def __init__(
         self,
@@ -56,6 +67,7 @@ class Restarter:
         self._book = RestartBook(policy or RestartPolicy(), num_envs)
         self._backend = backend
         self._autoreset = autoreset
+        self.outage: Outage | None = None  # the one under way
 
     def restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
         """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
@@ -82,7 +94,7 @@ class Restarter:
             f"restart limit reached: more than {policy.max_restarts} restarts "
             f"within {policy.window:g} s"
         )
-        logger.warning("%s: giving up: %s", say_envs(sorted(failed)), refusal)
+        logger.warning("%s: giving up: %s%s", say_envs(sorted(failed)), refusal, self._end())
         return refusal
 
     async def restart(
@@ -96,29 +108,26 @@ class Restarter:
         policy = self.policy
         assert policy is not None
         messages = {i: describe_failure(error, f"{name}()") for i, error in failed.items()}
-        causes: dict[str, list[int]] = {}  # envs that failed alike share a line
-        for i, error in sorted(failed.items()):
-            causes.setdefault(describe_error(error), []).append(i)
-        for cause, envs in causes.items():
-            logger.warning("%s failed in %s(): %s; restarting", say_envs(envs), name, cause)
+        outage = self._failed(failed, name)
         rows: dict[int, Any] = {}
         todo: dict[int, BaseException] = dict(failed)
         since = time.perf_counter()
-        tried = restarts = 0
+        tried = 0
         while (delay := policy.wait_before(tried, time.perf_counter() - since)) is not None:
-            if tried:
+            if tried and outage.due(time.perf_counter()):
                 logger.warning(
-                    "%s: restart attempt %d failed (%s); attempt %d in %.3g s",
+                    "%s: restart attempt %d failed (%s); attempt %d in %.3g s (%s so far)",
                     say_envs(sorted(todo)),
                     tried,
                     describe_error(todo[min(todo)]),
                     tried + 1,
                     delay,
+                    outage.counts(),
                 )
             if delay:
                 await asyncio.sleep(delay)
             tried += 1
-            restarts += len(todo)
+            outage.restarts += len(todo)
             todo = await self._backend.rebuild(sorted(todo)) or {}
             rebuilt = [i for i in failed if i not in rows and i not in todo]
             resets, reset_errors = await gather(
@@ -127,23 +136,62 @@ class Restarter:
             rows.update((i, restarted_row(resets[i], messages[i])) for i in resets)
             todo.update(reset_errors)
             if not todo:
-                if tried > 1:  # an outage: say once that it is over
-                    logger.warning(
-                        "%s back after %.3g s (%d restarts)",
-                        say_envs(sorted(failed)),
-                        time.perf_counter() - since,
-                        restarts,
-                    )
+                outage.back = time.perf_counter()
                 return rows
         down = time.perf_counter() - since
         logger.warning(
-            "%s: giving up after %d restart attempt(s) over %.3g s: %s",
+            "%s: giving up after %d restart attempt(s) over %.3g s: %s%s",
             say_envs(sorted(todo)),
             tried,
             down,
             describe_error(todo[min(todo)]),
+            self._end(),
         )
         raise EnvError(todo, f"{name}() (restart failed after {tried} attempts over {down:.3g} s)")
+
+    def _failed(self, failed: dict[int, BaseException], name: str) -> Outage:
+        """Count a step's failures in the outage under way, or start one (and say so)."""
+        now = time.perf_counter()
+        outage = self.outage
+        if outage is None:
+            outage = self.outage = Outage(since=now, said=now)
+            outage.failed(failed.items())
+            logger.warning(
+                "%s failed in %s(): %s; restarting (an outage: more failures are counted, and "
+                "said when every env answers its steps again)",
+                say_envs(sorted(failed)),
+                name,
+                describe_error(failed[min(failed)]),
+            )
+            return outage
+        outage.failed(failed.items())
+        if outage.due(now):
+            logger.warning(
+                "%s: still failing after %.3g s (%s)",
+                say_envs(sorted(outage.envs)),
+                now - outage.since,
+                outage.counts(),
+            )
+        return outage
+
+    def calm(self) -> None:
+        """A step in which no env failed: say so if it ends the outage under way."""
+        outage = self.outage
+        if outage is None or not outage.calmed():
+            return
+        self.outage = None
+        back = outage.back if outage.back is not None else time.perf_counter()
+        logger.warning(
+            "%s back after %.3g s (%s)",
+            say_envs(sorted(outage.envs)),
+            back - outage.since,
+            outage.counts(),
+        )
+
+    def _end(self) -> str:
+        """The outage under way ends (giving up): its counts for the last line, or ``""``."""
+        outage, self.outage = self.outage, None
+        return "" if outage is None else f" ({outage.counts()})"
 
     def _reset_call(self, i: int) -> Reset:
         """A restarted env's reset: it starts an episode, with the hook's options if any."""
@@ -160,18 +208,3 @@ def policy_of(on_error: object) -> tuple[str, RestartPolicy | None]:
         return "restart", on_error
     name = validate.check_choice("on_error", on_error, validate.ON_ERROR)
     return name, RestartPolicy() if name == "restart" else None
-
-
-def say_envs(indices: Sequence[int]) -> str:
-    """``env 3``, ``envs 0, 1, 2``, ``envs 0-255`` or ``40 envs`` for a log line (sorted)."""
-    if len(indices) == 1:
-        return f"env {indices[0]}"
-    if len(indices) <= _HANDFUL:
-        return "envs " + ", ".join(map(str, indices))
-    if indices[-1] - indices[0] + 1 == len(indices):
-        return f"envs {indices[0]}-{indices[-1]}"
-    return f"{len(indices)} envs"
-
-
-_HANDFUL = 5
-"""Up to this many envs, a log line lists them; more are a range or a count."""

@@ -44,13 +44,22 @@ from gymnasium.vector import AutoresetMode
 from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState, ResetHook
 from aiovec._core.batching import Batcher, StepBatch
-from aiovec._core.calls import RENDER, CallMethod, EnvCall, GetAttr, IsWrapped, Reset, SetAttr
+from aiovec._core.calls import (
+    RENDER,
+    Autoreset,
+    CallMethod,
+    EnvCall,
+    GetAttr,
+    IsWrapped,
+    Reset,
+    SetAttr,
+)
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import Lifecycle, State, VectorCall
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.restart import RestartPolicy
 from aiovec._errors import EnvError, StateError
-from aiovec._flight import Flight
+from aiovec._flight import Flight, error_for
 from aiovec._restarter import Restarter, policy_of
 from aiovec._sent import Sent
 from aiovec.backends import Backend, load_backend
@@ -155,10 +164,18 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             loop, before the call that may reset the env is sent.  Options
             given to `reset` override the hook's key by key.  Also settable
             later as the ``reset_options`` attribute.
+        observation_mode: How the envs' observation spaces batch, as in
+            gymnasium's vector envs: ``"same"`` (every env has env 0's
+            space), ``"different"`` (one shape and dtype, bounds of their
+            own, batched by gymnasium's ``batch_differing_spaces``), or a
+            tuple ``(observation_space, single_observation_space)`` to use
+            as they are (each env's space of the single space's shape and
+            dtype).
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
-        ValueError: An argument has a wrong value, the envs' spaces differ, or
+        ValueError: An argument has a wrong value, the envs' spaces differ
+            (beyond what ``observation_mode`` allows; also a ``RuntimeError``), or
             two factories returned the same env object (both are named).
         aiovec.EnvError: An env factory raised (or, in this constructor,
             waited on the inline backend); the envs built are closed.
@@ -183,6 +200,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         max_concurrency: int | anyio.CapacityLimiter | None = None,
         backend_options: Mapping[str, Any] | None = None,
         reset_options: ResetHook | None = None,
+        observation_mode: str | tuple[spaces.Space[Any], spaces.Space[Any]] = "same",
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
@@ -199,6 +217,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             raise TypeError(f"copy must be a bool, got {validate.describe(copy)}")
         limiter = validate.check_max_concurrency(max_concurrency, backend_name)
         self._hook = _check_hook(reset_options)
+        self.observation_mode = validate.check_observation_mode(observation_mode)
         if isinstance(limiter, int):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
@@ -240,7 +259,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._backend = await opening
         traits = self._backend.traits
         try:
-            validate.check_spaces(traits.observation_spaces, traits.action_spaces)
+            single, batched = validate.check_spaces(
+                traits.observation_spaces, traits.action_spaces, self.observation_mode
+            )
             envs = self._backend.envs  # built in this process (workers check their own)
             if envs is not None:
                 validate.check_distinct_envs(envs)
@@ -250,9 +271,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         mode = self.autoreset_mode
         self.metadata: dict[str, Any] = {**traits.metadata, "autoreset_mode": mode}
         self.render_mode: str | None = traits.render_mode
-        self._batcher = Batcher(
-            traits.observation_spaces[0], traits.action_spaces[0], self.num_envs, self.copy
-        )
+        self._batcher = Batcher(single, traits.action_spaces[0], self.num_envs, self.copy, batched)
         self._autoreset = AutoresetState(mode, self.num_envs, self._hook)
         self._sent = Sent(self.num_envs)
         restarter = Restarter(self.restart_policy, self.num_envs, self._backend, self._autoreset)
@@ -261,7 +280,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life,
             self._sent,
             restarter,
-            check_results=validate.step_result_checker(traits.observation_spaces[0]),
+            check_results=validate.step_result_checker(single),
             timeout_of=self._timeout_of,
         )
         self._all = range(self.num_envs)
@@ -347,15 +366,30 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
     def _reset_call(
         self, call: VectorCall, seed: object, options: object
     ) -> tuple[Sequence[int], CallOp, np.ndarray | None]:
-        """Check a reset (``call`` is allowed now, valid arguments); its envs, op and mask."""
-        self._life.check(call)
+        """Check a reset (``call`` is allowed now, valid arguments); its envs, op and mask.
+
+        Amid envs sent by ``send()``, a ``reset_mask`` may reset envs that are
+        not in flight (their rows come back; the others stay in flight).
+        """
+        life = self._life
+        amid_sent = call is VectorCall.RESET and life.state is State.SENT
+        if not amid_sent:
+            life.check(call)
         seeds = validate.check_seeds(seed, self.num_envs)
         env_options, mask = validate.check_options(options, self.num_envs)
         if mask is None:
+            if amid_sent:
+                life.check(call)  # refused, in the state's words
             indices: Sequence[int] = self._all
         else:
-            self._life.check(VectorCall.RESET_MASK)
+            life.check(VectorCall.RESET_MASK)
             indices = np.flatnonzero(mask).tolist()
+            busy = self._sent.envs.intersection(indices)
+            if busy:
+                raise StateError(
+                    f"cannot reset env(s) {sorted(busy)}: they are in flight from send(); "
+                    "recv() them first (a reset_mask may name only envs not in flight)"
+                )
         resets = [Reset(seeds[i], self._autoreset.reset_options(i, env_options)) for i in indices]
         return indices, CallOp(resets, "reset"), mask
 
@@ -365,7 +399,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         """The batch of a reset whose every env answered; the vector env is ready."""
         self._autoreset.was_reset(mask)
         observations, infos = self._batcher.reset_batch(indices, results)
-        self._life.state = State.READY
+        self._life.state = State.SENT if self._sent.envs else State.READY
         return observations, infos
 
     async def step(self, actions: Any) -> StepBatch:
@@ -405,7 +439,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
         Call it from code running in the event loop; collect the results with
         `recv`.  Each env follows the same autoreset and info rules as
-        with `step`.  Envs still in flight cannot be sent again.
+        with `step`.  Envs still in flight cannot be sent again.  Other envs
+        may be sent while a `recv` waits (from another task): that ``recv``
+        collects them too.
 
         Args:
             actions: One action per env in ``env_ids``, batched.
@@ -463,6 +499,58 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._autoreset.stepped(ids, batch[2], batch[3])
         self._life.state = State.SENT if self._sent.envs else State.READY
         return (*batch, np.array(ids, dtype=np.int64))
+
+    async def _send_resets(
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        *,
+        env_ids: EnvIds | None = None,
+        options: Sequence[dict[str, Any] | None] | None = None,
+    ) -> None:
+        """Start a reset of some envs, each collected by `recv` as soon as it is done.
+
+        The envs are seeded and given options as ``reset(seed=seed)`` would
+        (counting over ``env_ids``; ``options[k]``, when given, is env
+        ``env_ids[k]``'s own, over the reset-options hook's); each env's reset
+        comes back from ``recv()`` as a row of its own (reward 0, both flags
+        false, the reset's info), so an env may step again while others still
+        reset.  A collector starts so, and starts an env's next episode so.
+
+        With no env in flight this is a start: a broken vector env is cleared
+        and lost envs are rebuilt first.  While envs are in flight (or a
+        ``recv`` waits) it is sent as `send` is, to envs that are not in flight.
+        """
+        ids = self._all if env_ids is None else validate.check_env_ids(env_ids, self.num_envs)
+        seeds = validate.check_seeds(seed, len(ids))
+        if options is not None and len(options) != len(ids):
+            raise ValueError(
+                f"options must have one entry per env ({len(ids)}), got {len(options)}"
+            )
+        in_flight = self._life.state in {State.SENT, State.RECEIVING}
+        self._life.check(VectorCall.SEND if in_flight else VectorCall.RESET)
+        if in_flight:
+            busy = sorted(self._sent.envs.intersection(ids))
+            if busy:
+                raise StateError(f"env(s) {busy} are still in flight; recv() them first")
+        else:
+            await self._flight.clear_break()
+            unbuilt = await self._flight.rebuild_lost(self._all)
+            if unbuilt:
+                self._life.break_("reset() could not rebuild lost envs")
+                raise error_for(unbuilt, "reset()")
+        autoreset = self._autoreset
+        explicit = [None] * len(ids) if options is None else options
+        plan: list[Any] = [
+            Autoreset(Reset(seeds[k], autoreset.reset_options(i, explicit[k])), True)
+            for k, i in enumerate(ids)
+        ]
+        mask = None
+        if env_ids is not None:
+            mask = np.zeros(self.num_envs, np.bool_)
+            mask[list(ids)] = True
+        autoreset.was_reset(mask)
+        op = StepOp(self.autoreset_mode, [None] * len(ids), plan, batch=None, stream=True)
+        self._flight.send(ids, op, "reset()")
 
     def _timeout_of(self, name: str) -> float | None:
         """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/collector.py            # every case, about a minute
+    python benchmarks/collector.py            # every case, a few minutes
     python benchmarks/collector.py --quick    # CI smoke test, a few seconds (rough numbers)
 
 Cases (issue 26's speed targets; figures in docs/collector.md):
@@ -20,6 +20,17 @@ Cases (issue 26's speed targets; figures in docs/collector.md):
 ``process``
     CartPole, 64 envs, ``backend="process"`` with 2 workers: the collector
     against lock-step ``step()``.
+``servers``
+    32 async envs stepping in 2-10 ms and an ``async def`` policy calling one
+    of two model servers: ``serial`` serves one batched call at a time (20 ms
+    whatever its size, a GPU forward pass); ``batching`` takes one request
+    per env and answers each in 20 ms however many are in flight (a
+    continuous-batching LLM server).  Transitions per second of the default
+    settings against every setting of ``max_policy_calls`` x ``max_wait``
+    tried; the best is named.
+``delay``
+    The time from a policy's answer to its env's step (p50, p90), 32 envs
+    stepping in 2-10 ms and a policy that awaits 5-30 ms.
 
 Each candidate runs for a fixed time once per repetition, the order rotating;
 reported: medians of env-steps per second.  The machine's load is printed.
@@ -76,11 +87,13 @@ def zeros(obs: Any, env_ids: np.ndarray) -> np.ndarray:
     return np.zeros(len(env_ids), np.int64)
 
 
-async def collector_rate(venv: Any, seconds: float, **kwargs: Any) -> float:
+async def collector_rate(
+    venv: Any, seconds: float, policy: Callable[..., Any] = zeros, **kwargs: Any
+) -> float:
     kwargs.setdefault("segment_length", 16)
     kwargs.setdefault("batch_size", max(1, venv.num_envs // 4))
     steps, start = -1, 0.0
-    async with aiovec.Collector(venv, zeros, seed=0, **kwargs) as collector:
+    async with aiovec.Collector(venv, policy, seed=0, **kwargs) as collector:
         async for batch in collector:
             if steps < 0:  # from the first batch on: in steady state, the steps of the
                 steps, start = 0, time.perf_counter()  # segments in progress at the start
@@ -133,6 +146,121 @@ async def measure(
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
+class SteppingEnv(aiovec.AsyncEnv[np.ndarray, np.int64]):
+    """Each step waits 2-10 ms; ``stamps`` (when given) gets the time each step starts."""
+
+    def __init__(self, seed: int, stamps: list[float] | None = None) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self._delays = random.Random(seed)
+        self._obs = np.zeros(4, np.float32)
+        self._stamps = stamps
+
+    async def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        return self._obs, {}
+
+    async def step(self, action: Any) -> Any:
+        if self._stamps is not None:
+            self._stamps.append(time.perf_counter())
+        await asyncio.sleep(self._delays.uniform(0.002, 0.010))
+        return self._obs, 1.0, False, False, {}
+
+
+class SerialServer:
+    """Serves one batched call at a time: 20 ms a call, whatever its size."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self.calls = self.rows = 0
+
+    async def __call__(self, obs: Any, env_ids: np.ndarray) -> np.ndarray:
+        async with self._lock:
+            await asyncio.sleep(0.020)
+        self.calls += 1
+        self.rows += len(env_ids)
+        return np.zeros(len(env_ids), np.int64)
+
+
+class BatchingServer(SerialServer):
+    """One request per env, each answered in 20 ms however many are in flight."""
+
+    async def __call__(self, obs: Any, env_ids: np.ndarray) -> np.ndarray:
+        await asyncio.gather(*(asyncio.sleep(0.020) for _ in env_ids))
+        self.calls += 1
+        self.rows += len(env_ids)
+        return np.zeros(len(env_ids), np.int64)
+
+
+SETTINGS: list[dict[str, Any]] = [
+    {"max_policy_calls": calls, "max_wait": wait}
+    for calls in (1, 2, 4, None)
+    for wait in (0.0, 0.002, 0.005)
+]
+
+
+def label(setting: dict[str, Any]) -> str:
+    return f"max_policy_calls={setting['max_policy_calls']}, max_wait={setting['max_wait']}"
+
+
+async def servers(reps: int, seconds: float, n: int) -> None:
+    """Transitions/s with each server shape: the defaults against every setting tried."""
+    for name, server_cls in (("serial", SerialServer), ("batching", BatchingServer)):
+        rates: dict[str, list[float]] = {label(s): [] for s in SETTINGS}
+        rates["defaults"] = []
+        batch: dict[str, list[float]] = {k: [] for k in rates}
+        for rep in range(reps):
+            order = [*SETTINGS, {}]
+            order = order[rep % len(order) :] + order[: rep % len(order)]
+            for setting in order:
+                key = label(setting) if setting else "defaults"
+                server = server_cls()
+                fns = [lambda i=i: SteppingEnv(i) for i in range(n)]
+                async with aiovec.AsyncioVectorEnv(fns) as venv:
+                    rate = await collector_rate(
+                        venv, seconds, policy=server, segment_length=8, **setting
+                    )
+                rates[key].append(rate)
+                batch[key].append(server.rows / max(1, server.calls))
+        got = {k: statistics.median(v) for k, v in rates.items()}
+        best = max((k for k in got if k != "defaults"), key=got.__getitem__)
+        print(
+            f"{name} server, {n} envs: defaults {got['defaults']:,.0f} transitions/s "
+            f"(mean batch {statistics.median(batch['defaults']):.1f}), best {best}: "
+            f"{got[best]:,.0f} (mean batch {statistics.median(batch[best]):.1f}); "
+            f"defaults/best {got['defaults'] / got[best]:.2f}"
+        )
+        for key in rates:
+            print(f"    {key}: {got[key]:,.0f} (batch {statistics.median(batch[key]):.1f})")
+
+
+async def answer_delay(seconds: float, n: int) -> tuple[float, float]:
+    """From a policy's answer to its env's step: p50 and p90, in ms.
+
+    Envs never end, so env ``i``'s k-th step follows its k-th policy answer.
+    """
+    rng = random.Random(0)
+    answered: list[list[float]] = [[] for _ in range(n)]
+    stepped: list[list[float]] = [[] for _ in range(n)]
+
+    async def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(rng.uniform(0.005, 0.030))
+        now = time.perf_counter()
+        for i in env_ids.tolist():
+            answered[i].append(now)
+        return np.zeros(len(env_ids), np.int64)
+
+    fns = [lambda i=i: SteppingEnv(i, stepped[i]) for i in range(n)]
+    async with aiovec.AsyncioVectorEnv(fns) as venv:
+        await collector_rate(venv, seconds, policy=policy, segment_length=8)
+    delays = [
+        (step - answer) * 1e3
+        for answers, steps in zip(answered, stepped, strict=True)
+        for answer, step in zip(answers, steps, strict=False)
+    ]
+    p50, p90 = np.percentile(delays, [50, 90])
+    return float(p50), float(p90)
+
+
 def heavy_envs(n: int, *, trivial: bool = False) -> Callable[[], Any]:
     async def make() -> Any:
         return aiovec.AsyncioVectorEnv(
@@ -181,6 +309,11 @@ async def main(args: argparse.Namespace) -> None:
             f"trivial async, {n} envs: collector {got['collector']:,.0f} env-steps/s, "
             f"hand-written send/recv {got['send/recv']:,.0f}: cost per env-step {cost:.2f}x"
         )
+    if "servers" in args.only:
+        await servers(reps, seconds, 8 if quick else 32)
+    if "delay" in args.only:
+        p50, p90 = await answer_delay(seconds * 2, 8 if quick else 32)
+        print(f"policy answer -> env step: p50 {p50:.3f} ms, p90 {p90:.3f} ms")
     if "process" in args.only:
         m = 8 if quick else 64
         got = await measure(
@@ -200,7 +333,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--only",
         nargs="+",
-        default=["heavy", "trivial", "process"],
-        choices=["heavy", "trivial", "process"],
+        default=["heavy", "trivial", "process", "servers", "delay"],
+        choices=["heavy", "trivial", "process", "servers", "delay"],
     )
     asyncio.run(main(parser.parse_args()))

@@ -1,12 +1,19 @@
-"""An LLM-style agent: text observations, an async policy that asks an HTTP server.
+"""An LLM-style agent trained GRPO-style: text tasks, groups of 4, an async model server.
 
-The example starts a tiny "inference server" on 127.0.0.1 (standard-library
-asyncio, HTTP/1.1, JSON): given a prompt, it answers a guess after a delay that
-varies, as a language model would.  Each env is a number-guessing game whose
-observations are text ("guess a number from 0 to 15", "higher", "lower").  The
-policy is an ``async def`` that sends every ready env's prompt to the server
-concurrently; `aiovec.Collector` keeps several such calls in flight and steps
-each env as soon as its answer is back, then hands out trajectory segments.
+The example starts a tiny "model server" on 127.0.0.1 (standard-library
+asyncio, HTTP/1.1, JSON; nothing leaves the machine): given a prompt and the
+policy's weight ``theta``, it samples a guess after a delay that varies, as a
+language model would: with probability ``sigmoid(theta)`` it bisects the
+interval the prompt allows, otherwise it guesses at random in it.  Each env is
+a number-guessing game whose observations are text ("guess a number from 0 to
+15", "7: higher", ...); a task (reset options) fixes the hidden number.
+
+`aiovec.EpisodeCollector` runs each task 4 times (a group, all reset with the
+group's seed) on whichever envs are free, the policy's calls in flight
+together, and yields groups as they finish; groups whose returns are all equal
+carry no signal and are rejected (`aiovec.rewards_differ`).  The learner is
+GRPO's in one parameter: each episode's advantage is its return against its
+group's mean, and ``theta`` climbs the policy gradient of the sampled choices.
 
 Run: ``python examples/llm_agent.py`` (``AIOVEC_EXAMPLES_QUICK=1``: a few seconds).
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 from typing import Any
@@ -25,7 +33,7 @@ from gymnasium import spaces
 import aiovec
 
 QUICK = os.environ.get("AIOVEC_EXAMPLES_QUICK") == "1"
-TOP = 16
+TOP = 64
 HANDLERS: set[asyncio.Task[Any]] = set()  # the server's connections, awaited at the end
 
 
@@ -42,6 +50,8 @@ class GuessEnv(aiovec.AsyncEnv[str, np.int64]):
     async def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
         await super().reset(seed=seed)
         self.target, self.tries = int(self.np_random.integers(TOP)), 0
+        if options and "target" in options:  # the task
+            self.target = int(options["target"])
         return f"guess a number from 0 to {TOP - 1}", {}
 
     async def step(self, action: Any) -> Any:
@@ -50,14 +60,26 @@ class GuessEnv(aiovec.AsyncEnv[str, np.int64]):
         if guess == self.target:
             return "correct", 1.0, True, False, {}
         hint = "higher" if guess < self.target else "lower"
-        return f"{guess}: {hint}", -0.1, False, self.tries >= 8, {}
+        return f"{guess}: {hint}", -0.1, False, self.tries >= 7, {}
 
 
-# -- the "inference server" ---------------------------------------------------------
+# -- the "model server" -------------------------------------------------------------
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def sample(request: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """The "model": bisect with probability sigmoid(theta), else guess at random."""
+    low, high = request["low"], request["high"]
+    bisect = rng.random() < sigmoid(request["theta"])
+    guess = (low + high) // 2 if bisect else rng.randint(low, max(low, high))
+    return {"guess": guess, "bisect": bisect}
 
 
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """One HTTP/1.1 connection: POST /generate {"prompt", "low", "high"} -> {"guess"}."""
+    """One HTTP/1.1 connection: POST /generate {prompt, low, high, theta} -> {guess, bisect}."""
     HANDLERS.add(asyncio.current_task())  # type: ignore[arg-type]
     try:
         while header := await reader.readuntil(b"\r\n\r\n"):
@@ -70,7 +92,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             )
             request = json.loads(await reader.readexactly(length))
             await asyncio.sleep(random.uniform(0.001, 0.02))  # "generation" takes a while
-            body = json.dumps({"guess": (request["low"] + request["high"]) // 2}).encode()
+            body = json.dumps(sample(request, random.Random())).encode()
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
@@ -109,10 +131,15 @@ class Client:
 
 
 class Agent:
-    """The async policy: keeps each env's search interval and asks the server."""
+    """The async policy: keeps each env's search interval and asks the server.
+
+    Its extras record, per step, whether the model bisected: the sampled choice
+    whose log-probability the learner differentiates.
+    """
 
     def __init__(self, client: Client, num_envs: int) -> None:
         self.client = client
+        self.theta = -1.0  # the policy's one weight: at first it bisects 27% of the time
         self.bounds = [(0, TOP - 1)] * num_envs
         self.last = [0] * num_envs
 
@@ -124,51 +151,89 @@ class Agent:
             low = self.last[env_id] + 1
         elif text.endswith("lower"):
             high = self.last[env_id] - 1
-        self.bounds[env_id] = (low, high)
+        self.bounds[env_id] = (min(low, high), max(low, high))
 
     async def __call__(self, obs: Any, env_ids: np.ndarray) -> Any:
-        for text, i in zip(obs, env_ids.tolist(), strict=True):
+        ids = env_ids.tolist()
+        for text, i in zip(obs, ids, strict=True):
             self.read(i, str(text))
         answers = await asyncio.gather(
             *(
                 self.client.generate(
-                    i, {"prompt": str(t), "low": self.bounds[i][0], "high": self.bounds[i][1]}
+                    i,
+                    {
+                        "prompt": str(t),
+                        "low": self.bounds[i][0],
+                        "high": self.bounds[i][1],
+                        "theta": self.theta,
+                    },
                 )
-                for t, i in zip(obs, env_ids.tolist(), strict=True)
+                for t, i in zip(obs, ids, strict=True)
             )
         )
         guesses = np.array([a["guess"] for a in answers], np.int64)
-        for i, g in zip(env_ids.tolist(), guesses.tolist(), strict=True):
+        for i, g in zip(ids, guesses.tolist(), strict=True):
             self.last[i] = g
-        return guesses
+        return guesses, {"bisect": np.array([a["bisect"] for a in answers], np.float64)}
+
+    def learn(self, groups: list[list[aiovec.Episode]], lr: float = 4.0) -> None:
+        """GRPO in one weight: group-relative advantages times the choices' score."""
+        p = sigmoid(self.theta)
+        grad, count = 0.0, 0
+        for group in groups:
+            returns = np.array([e.rewards.sum() for e in group])
+            advantages = (returns - returns.mean()) / (returns.std() + 1e-6)
+            for episode, advantage in zip(group, advantages, strict=True):
+                bisect = episode.extras["bisect"]
+                grad += advantage * float(np.sum(bisect - p))  # d log pi / d theta, summed
+                count += len(episode)
+        self.theta += lr * grad / max(1, count)
 
 
 async def main() -> None:
-    num_envs, batches = (4, 3) if QUICK else (32, 40)
+    num_envs, batches = (4, 6) if QUICK else (16, 40)
+    group_size, batch_size = 4, 2 if QUICK else 4
+    rng = random.Random(0)
+    tasks = [{"target": rng.randrange(TOP)} for _ in range(batches * batch_size * 2)]
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = Client(port)
+    agent = Agent(client, num_envs)
     venv = aiovec.AsyncioVectorEnv([GuessEnv] * num_envs)
-    solved = episodes = 0
+    solved: list[float] = []
     try:
-        async with aiovec.Collector(
-            venv, Agent(client, num_envs), segment_length=4, batch_size=4, max_batch=4
+        async with aiovec.EpisodeCollector(
+            venv,
+            agent,
+            batch_size=batch_size,
+            group_size=group_size,
+            tasks=tasks,
+            accept_group=aiovec.rewards_differ,
+            max_policy_calls=None,  # the server serves each env's request as it comes
+            seed=0,
         ) as collector:
             async for batch in collector:
-                ended = batch.terminations | batch.truncations
-                episodes += int(ended.sum())
-                solved += int(batch.terminations.sum())
-                batches -= 1
-                if not batches:
+                solved.append(float(np.mean([e.terminated for e in batch.episodes])))
+                agent.learn(batch.groups)
+                collector.update_policy()
+                if len(solved) == batches:
                     break
+            rejected = collector.rejected
     finally:
         await venv.close()
         await client.close()
         await asyncio.gather(*HANDLERS)  # each ends at its client's EOF
         server.close()
         await server.wait_closed()
-    print(f"{episodes} episodes ended, {solved} solved by binary search over HTTP")
-    assert solved > 0
+    third = max(1, len(solved) // 3)
+    print(
+        f"{len(solved)} batches of {batch_size} groups of {group_size} ({rejected} groups "
+        f"rejected: all returns equal); solved {np.mean(solved[:third]):.0%} of episodes at "
+        f"first, {np.mean(solved[-third:]):.0%} at the end; P(bisect) = {sigmoid(agent.theta):.2f}"
+    )
+    assert len(solved) == batches
+    if not QUICK:
+        assert agent.theta > -1.0, "GRPO should learn to bisect"
 
 
 if __name__ == "__main__":

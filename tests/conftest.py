@@ -752,6 +752,17 @@ class Lockstep:
         assert self.venv.set_attr(name, copy.deepcopy(values)) is None
 
 
+def random_policy(space: gymnasium.spaces.Space[Any]) -> Callable[..., Any]:
+    """A collector's policy: seeded random actions, and each env's id x 10 as an extra."""
+    rng = np.random.default_rng(3)
+
+    def policy(obs: Any, env_ids: np.ndarray) -> Any:
+        space.seed(int(rng.integers(2**31)))
+        return np.array([space.sample() for _ in env_ids]), {"tag": env_ids * 10}
+
+    return policy
+
+
 def counters(venv: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Each env's ``(episodes, episode_steps)`` (SpaceEnv counters): did anything run?"""
     return tuple(venv.get_attr("episodes")), tuple(venv.get_attr("episode_steps"))
@@ -776,6 +787,7 @@ __all__ = [
     "flavoured",
     "open_front_end",
     "oracle_env",
+    "random_policy",
     "run_main_task",
     "shared_actors",
     "space_env_fns",

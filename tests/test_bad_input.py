@@ -7,6 +7,7 @@ call afterwards still matches the oracle step for step.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import numpy as np
@@ -186,6 +187,48 @@ def test_factory_returning_a_non_env(backend, front_end):
         open_front_end(front_end, fns, backend=backend)
 
 
+class SpacesAsMethods:
+    """A multi-agent env whose per-agent spaces are methods (without ``possible_agents``)."""
+
+    metadata: dict = {}  # noqa: RUF012  (PettingZoo's class attribute)
+
+    def __init__(self):
+        self.agents = ["a", "b"]
+
+    def observation_space(self, agent):
+        return spaces.Discrete(3)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return dict.fromkeys(self.agents, 0), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        zero = dict.fromkeys(self.agents, 0)
+        return zero, zero, zero, zero, {a: {} for a in self.agents}
+
+    def close(self):
+        pass
+
+
+class ParallelEnvLike(SpacesAsMethods):
+    """Shaped like a PettingZoo ``ParallelEnv``."""
+
+    possible_agents = ("a", "b")
+
+
+@pytest.mark.parametrize("env_cls", [ParallelEnvLike, SpacesAsMethods])
+def test_a_multi_agent_env_is_refused_saying_how_to_flatten_it(backend, front_end, env_cls):
+    with pytest.raises(TypeError) as info:
+        open_front_end(front_end, [env_cls, env_cls], backend=backend)
+    message = str(info.value)
+    assert f"returned a multi-agent env ({env_cls.__name__}" in message
+    assert "aiovec vectorizes single-agent gymnasium envs" in message
+    assert "SuperSuit" in message
+    assert "Dict spaces keyed by agent" in message
+
+
 def _mismatched(index, space, *, also_obs_at=None):
     """SpaceEnv factories where env ``index`` has a different ``space`` space."""
     fns = space_env_fns(max(4, (also_obs_at or 0) + 1))
@@ -225,6 +268,28 @@ def test_async_envs_on_a_sync_only_backend_are_refused_naming_the_fix(
     """The suite runs no async env there (tests/conftest.py); this is what a user gets."""
     with pytest.raises(TypeError, match=r"returned an async env \(AsyncTwin\).*backend='inline'"):
         open_front_end(front_end, flavoured(space_env_fns(2), "async"), backend=backend)
+
+
+class NeedsALoop(SpaceEnv):
+    """Makes something bound to the running loop in ``__init__``, as an aiohttp session does."""
+
+    def __init__(self):
+        self.loop = asyncio.get_running_loop()
+        super().__init__()
+
+
+def aiohttp_env():
+    aiohttp = pytest.importorskip("aiohttp")
+    return aiohttp.ClientSession()  # what docs/network.md has async envs make
+
+
+@pytest.mark.parametrize("factory", [NeedsALoop, aiohttp_env])
+def test_a_factory_that_needs_a_loop_on_thread_is_told_to_use_inline(front_end, factory):
+    with pytest.raises(TypeError, match=r"env_fns\[0\]\(\) needs a running event loop") as info:
+        open_front_end(front_end, [factory, factory], backend="thread")
+    assert "backend='thread' runs synchronous envs" in str(info.value)
+    assert "use backend='inline' for async envs" in str(info.value)
+    assert "no running event loop" in str(info.value.__cause__)
 
 
 # on process and ray, envs close in their workers (see test_process.py and test_ray.py)

@@ -13,10 +13,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import gymnasium
 import numpy as np
 import pytest
-from conftest import MODES, SPACES, open_front_end, space_env_fns
+from conftest import MODES, SPACES, open_front_end, random_policy, space_env_fns
 from faults.leaks import LeakCheck
 from gymnasium.vector import AutoresetMode
 
@@ -61,16 +60,6 @@ def run_collector(
 
     adapter.run(main())
     return got
-
-
-def random_policy(space: gymnasium.spaces.Space[Any]) -> Callable[..., Any]:
-    rng = np.random.default_rng(3)
-
-    def policy(obs: Any, env_ids: np.ndarray) -> Any:
-        space.seed(int(rng.integers(2**31)))
-        return np.array([space.sample() for _ in env_ids]), {"tag": env_ids * 10}
-
-    return policy
 
 
 def trajectories(batches: Sequence[aiovec.SegmentBatch]) -> dict[int, dict[str, np.ndarray]]:
@@ -248,7 +237,9 @@ def test_reset_options_must_return_a_dict() -> None:
         adapter.shutdown()
 
 
-def test_async_policy_has_several_calls_in_flight(front_end: str) -> None:
+@pytest.mark.parametrize("cap", [None, 2, 1])
+def test_async_policy_calls_in_flight_up_to_the_cap(front_end: str, cap: int | None) -> None:
+    """``max_policy_calls`` caps the calls in flight (one by default); ``None`` lifts it."""
     fns = space_env_fns(8, max_len=4)
     adapter = open_front_end(front_end, fns)
     in_flight = [0]
@@ -264,10 +255,10 @@ def test_async_policy_has_several_calls_in_flight(front_end: str) -> None:
         return np.array([space.sample() for _ in env_ids]), {"tag": env_ids * 10}
 
     try:
-        batches = run_collector(adapter, policy, 4, max_batch=2)
+        batches = run_collector(adapter, policy, 4, max_batch=2, max_policy_calls=cap)
     finally:
         adapter.shutdown()
-    assert most[0] >= 2
+    assert most[0] == (cap or 4)  # 8 envs, 2 per call: 4 calls at once without a cap
     check_oracle(fns, batches)
 
 
@@ -432,3 +423,186 @@ def test_each_front_end_iterates_its_own_way() -> None:
             iter(collector)
     finally:
         adapter.shutdown()
+
+
+def _slow_first_reset(gate: Gate, i: int) -> Any:
+    """Env 0's first reset waits for ``gate``; the other envs answer at once."""
+    env = SpaceEnv(*SPACE, min_len=3, max_len=6)
+    return AsyncHangingEnv(env, gate, method="reset") if i == 0 else AsyncTwin(env, max_yields=1)
+
+
+@pytest.mark.async_envs  # env 0 is async: not collected on the thread backend
+def test_each_env_steps_once_its_own_reset_is_done(
+    front_end: str, backend: str, tmp_path: Any
+) -> None:
+    """The first batch comes while env 0 still resets; env 0 joins in once it is done."""
+    gate = Gate(tmp_path)
+    fns = [functools.partial(_slow_first_reset, gate, i) for i in range(N)]
+    adapter = open_front_end(front_end, fns, backend=backend)
+    try:
+        policy = random_policy(adapter.venv.single_action_space)
+        releases = []
+
+        def release(collector: aiovec.Collector, batch: aiovec.SegmentBatch) -> None:
+            releases.append(0 in batch.env_ids.tolist())
+            gate.release()  # after the first batch: a lock-step start never gets there
+
+        batches = run_collector(adapter, policy, 12, each=release, segment_length=2)
+    finally:
+        gate.release()
+        adapter.shutdown()
+    assert releases[0] is False  # the first batch came before env 0's reset was done
+    assert any(releases)  # and env 0 stepped after it
+    check_oracle([functools.partial(SpaceEnv, *SPACE, min_len=3, max_len=6)] * N, batches)
+
+
+class _HeldEnv(aiovec.AsyncEnv[np.ndarray, np.int64]):
+    """Env 0's steps wait on ``hold``; env 1's answer at once, counted in ``steps``."""
+
+    observation_space, action_space = SPACE
+
+    def __init__(self, i: int, hold: asyncio.Event, steps: list[int]) -> None:
+        self.i, self.hold, self.steps = i, hold, steps
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        return np.zeros(3, np.float32), {}
+
+    async def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.i == 0:
+            await self.hold.wait()
+        self.steps[self.i] += 1
+        return np.zeros(3, np.float32), 0.0, False, False, {}
+
+
+def test_a_policy_answer_reaches_its_env_while_a_recv_waits() -> None:
+    """No timer runs while everything waits, and an answer is sent as soon as it returns.
+
+    Env 0 is out (its step waits), env 1's policy call waits for ``answer``:
+    the collector then waits on both with no timer scheduled; once the call
+    returns, env 1 steps within a few loop iterations (no 2 ms poll).
+    """
+
+    async def main() -> None:
+        hold, answer, asked = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        steps = [0, 0]
+
+        async def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+            if env_ids.tolist() == [1]:
+                asked.set()
+                await answer.wait()
+            return np.zeros(len(env_ids), np.int64)
+
+        fns = [functools.partial(_HeldEnv, i, hold, steps) for i in range(2)]
+        async with aiovec.AsyncioVectorEnv(fns) as venv:
+            collector = aiovec.Collector(
+                venv, policy, segment_length=50, batch_size=1, max_batch=1, max_policy_calls=None
+            )
+            consumer = asyncio.ensure_future(anext(aiter(collector)))
+            await asyncio.wait_for(asked.wait(), 5)
+            for _ in range(5):
+                await asyncio.sleep(0)  # everything waits now: env 0's step, env 1's call
+            loop = asyncio.get_running_loop()
+            timers = [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+            assert timers == []
+            before = steps[1]
+            answer.set()
+            for _ in range(10):
+                await asyncio.sleep(0)
+                if steps[1] > before:
+                    break
+            assert steps[1] > before, "env 1 was not stepped after its policy call returned"
+            consumer.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await consumer
+            await collector.aclose()
+            hold.set()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "message"),
+    [
+        (lambda ids: np.zeros(len(ids) - 1, np.int64), ValueError, "must have shape (4,)"),
+        (lambda ids: np.int64(0), TypeError, "got a scalar"),
+        (lambda ids: np.zeros((len(ids), 2), np.int64), ValueError, "shape (4,)"),
+        (lambda ids: np.zeros(len(ids), np.float32), TypeError, "float32"),
+        (
+            lambda ids: (np.zeros(len(ids), np.int64), {"value": np.zeros(1)}),
+            ValueError,
+            "extra 'value' of policy",
+        ),
+        (
+            lambda ids: (np.zeros(len(ids), np.int64), {"logp": 0.5}),
+            ValueError,
+            "one row per env (4), got a scalar",
+        ),
+    ],
+)
+def test_a_wrong_policy_output_is_refused(
+    front_end: str, answer: Callable[[np.ndarray], Any], error: type[Exception], message: str
+) -> None:
+    """Before anything is recorded or sent: the error names the policy, the envs, the extra."""
+
+    def my_policy(obs: Any, env_ids: np.ndarray) -> Any:
+        return answer(env_ids)
+
+    adapter = open_front_end(front_end, space_env_fns(N))
+    try:
+        with pytest.raises(error) as caught:
+            run_collector(adapter, my_policy, 1)
+        assert message in str(caught.value)
+        assert "my_policy" in str(caught.value)
+        assert "env(s) [0, 1, 2, 3]" in str(caught.value)
+        adapter.reset(seed=0)  # usable after a reset
+    finally:
+        adapter.shutdown()
+
+
+def test_max_wait_bounds_the_wait_for_a_full_policy_call() -> None:
+    """Env 0 never answers: after ``max_wait`` the policy is called with the others.
+
+    (``max_wait`` counts from the first ready env; a ``recv`` that waited for a
+    whole ``max_batch`` before any env was ready waited for env 0 forever.)
+    """
+
+    async def main() -> None:
+        hold = asyncio.Event()
+        steps = [0, 0, 0, 0]
+        calls: list[list[int]] = []
+
+        def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+            calls.append(env_ids.tolist())
+            return np.zeros(len(env_ids), np.int64)
+
+        fns = [functools.partial(_HeldEnv, min(i, 1), hold, steps) for i in range(4)]
+        async with aiovec.AsyncioVectorEnv(fns) as venv:
+            collector = aiovec.Collector(
+                venv, policy, segment_length=2, batch_size=3, max_wait=0.01
+            )
+            async with asyncio.timeout(10), collector:
+                batch = await anext(aiter(collector))
+            hold.set()
+        assert sorted(batch.env_ids.tolist()) == [1, 2, 3]
+        assert calls[0] == [0, 1, 2, 3]  # env 0 was asked once, at the start
+        assert all(0 not in ids for ids in calls[1:])
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_max_wait_with_every_policy_call_slot_taken_does_not_spin(front_end: str) -> None:
+    """Ready envs past ``max_wait`` wait for a free call slot (the loop is not held)."""
+
+    async def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(0.005)  # a model server's answer
+        return np.zeros(len(env_ids), np.int64)
+
+    adapter = open_front_end(front_end, space_env_fns(N))
+    try:
+        batches = run_collector(adapter, policy, 3, max_wait=0.001, max_batch=1)
+    finally:
+        adapter.shutdown()
+    assert len(batches) == 3

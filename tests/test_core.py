@@ -339,6 +339,23 @@ def test_reset_mask_errors_are_gymnasiums(mask, error, message):
     assert str(caught.value) == f"{MASK_MUST} {message}"
 
 
+@pytest.mark.parametrize(
+    ("hook_says", "explicit", "env_gets"),
+    [
+        (None, None, None),
+        (None, {}, None),  # only a reset_mask: the hook's answer, None included
+        (None, {"a": 1}, {"a": 1}),
+        ({"a": 1}, None, {"a": 1}),
+        ({"a": 1}, {}, {"a": 1}),
+        ({"a": 1, "b": 2}, {"b": 3}, {"a": 1, "b": 3}),
+    ],
+)
+def test_reset_options_are_the_hooks_overridden_by_the_calls(hook_says, explicit, env_gets):
+    state = AutoresetState(AutoresetMode.DISABLED, 2, lambda i, episode: hook_says)
+    assert state.reset_options(1, explicit) == env_gets
+    assert AutoresetState(AutoresetMode.DISABLED, 2).reset_options(1, explicit) == explicit
+
+
 def test_options_never_modify_the_callers_dict():
     mask = np.array([True, False])
     options = {"reset_mask": mask, "level": 2}
@@ -644,3 +661,23 @@ def test_latency_and_restart_books_take_no_memory_per_env_until_used():
     restarts.record([7], now=0.0)
     assert latency.summary().count[7] == 1
     assert latency.summary().count.sum() == 1
+
+
+def test_an_outage_counts_failures_and_says_at_most_one_line_per_interval():
+    from aiovec._core.restart import CALM_STEPS, SAY_EVERY, Outage
+
+    outage = Outage(since=100.0, said=100.0)
+    outage.failed([(3, ConnectionResetError()), (1, TimeoutError())])
+    outage.failed([(3, ConnectionResetError())])
+    outage.restarts += 5
+    assert outage.envs == {1, 3}
+    assert outage.counts() == "5 restarts; 3 failures: ConnectionResetError x2, TimeoutError x1"
+    assert not outage.due(100.0 + SAY_EVERY / 2)  # said as it started
+    assert outage.due(100.0 + SAY_EVERY)
+    assert not outage.due(100.0 + SAY_EVERY * 1.5)  # counted from the last line
+    assert [outage.calmed() for _ in range(CALM_STEPS)][-1]
+    outage.calm = 0
+    for _ in range(CALM_STEPS - 1):
+        assert not outage.calmed()
+    outage.failed([(1, TimeoutError())])  # a failure starts the calm steps over
+    assert not outage.calmed()

@@ -213,11 +213,64 @@ async def test_make_await_returns_an_asyncio_vector_env(backend):
     assert venv.closed
 
 
+def test_make_default_is_a_gymnasium_vector_env():
+    """``obs, infos = envs.reset()`` as after ``gymnasium.make_vec`` (issue 35)."""
+    with aiovec.make("CartPole-v1", 2) as envs:
+        assert isinstance(envs, aiovec.BlockingVectorEnv)
+        assert isinstance(envs, gymnasium.vector.VectorEnv)
+        obs, _infos = envs.reset(seed=0)
+        assert obs.shape == (2, 4)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"id": "CartPole-v1"},
+        {"id": "CartPole-v1", "num_envs": 3, "vectorization_mode": "sync"},
+        {"id": "CartPole-v1", "num_envs": 2, "vectorization_mode": gymnasium.VectorizeMode.SYNC},
+        {
+            "id": "CartPole-v1",
+            "num_envs": 2,
+            "vectorization_mode": "async",
+            "vector_kwargs": {"shared_memory": False, "context": "spawn", "daemon": True},
+        },
+        {
+            "id": gymnasium.spec("CartPole-v1"),
+            "num_envs": 2,
+            "vectorization_mode": "sync",
+            "vector_kwargs": {"copy": False, "autoreset_mode": AutoresetMode.SAME_STEP},
+            "wrappers": [functools.partial(gymnasium.wrappers.TimeLimit, max_episode_steps=5)],
+            "sutton_barto_reward": True,
+            "render_mode": "rgb_array",
+        },
+    ],
+    ids=["id-only", "sync", "enum", "async-transport-kwargs", "everything"],
+)
+def test_any_make_vec_call_works_unchanged_and_is_a_vector_env(call):
+    """Each of make_vec's arguments, by keyword, as gymnasium.make_vec takes them."""
+    envs = aiovec.make(**call)
+    try:
+        assert isinstance(envs, gymnasium.vector.VectorEnv)
+        transport = ("shared_memory", "context", "daemon")  # AsyncVectorEnv's own
+        kept = {k: v for k, v in call.get("vector_kwargs", {}).items() if k not in transport}
+        oracle = gymnasium.make_vec(**{**call, "vectorization_mode": "sync", "vector_kwargs": kept})
+        try:
+            assert envs.num_envs == oracle.num_envs
+            assert envs.render_mode == oracle.render_mode
+            assert_spaces_equal(envs, oracle)
+            _drive_pair(envs, oracle, 12, seed=2)
+        finally:
+            oracle.close()
+    finally:
+        envs.close()
+
+
 @pytest.mark.asyncio
-async def test_make_default_is_the_await_api():
-    async with aiovec.make("CartPole-v1", num_envs=2) as venv:
+async def test_make_blocking_false_is_the_await_api():
+    async with aiovec.make("CartPole-v1", num_envs=2, blocking=False) as venv:
         assert isinstance(venv, aiovec.AsyncioVectorEnv)
-        assert venv.num_envs == 2
+        obs, _infos = await venv.reset(seed=0)
+        assert obs.shape == (2, 4)
 
 
 @pytest.mark.parametrize(
@@ -256,7 +309,9 @@ def test_make_an_explicit_backend_wins_over_the_mode():
         ({"vectorization_mode": "vector_entry_point"}, ValueError, "'sync' or 'async'"),
         ({"vectorization_mode": "threads"}, ValueError, "vectorization_mode must be"),
         ({"vectorization_mode": "sync", "blocking": False}, ValueError, "blocking=False"),
-        ({"vector_kwargs": {"shared_memory": True}}, TypeError, "shared_memory"),
+        ({"vector_kwargs": {"worker": print}}, TypeError, r"vector_kwargs\['worker'\]"),
+        ({"vector_kwargs": {"shared_memory": True, "spam": 1}}, TypeError, "'spam'"),
+        ({"id": "CartPole-v1"}, TypeError, "got the env twice"),
         ({"vector_kwargs": [("copy", False)]}, TypeError, "vector_kwargs must be a dict"),
         ({"vector_kwargs": {"copy": False}, "copy": True}, ValueError, "given both"),
         ({"vector_kwargs": {"backend": "thread"}, "backend": "inline"}, ValueError, "given both"),

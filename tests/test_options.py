@@ -31,6 +31,7 @@ NON_DEFAULT: dict[str, Any] = {
     "max_concurrency": 1,
     "backend_options": {},
     "reset_options": lambda env_id, episode: None,
+    "observation_mode": "different",
 }
 
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import aiovec
 from aiovec._core.lifecycle import State
-from aiovec.testing import AsyncTwin, FaultyEnv, SpaceEnv
+from aiovec.testing import AsyncHangingEnv, AsyncTwin, FaultyEnv, SpaceEnv
+from aiovec.testing import Gate as FifoGate
 
 SETUPS = [
     ("inline", "sync"),
@@ -119,13 +120,16 @@ def test_any_interleaving_gives_each_env_its_own_trajectory(
             drawn_actions = data.draw(st.lists(st.integers(0, 2), min_size=N, max_size=N))
             as_array = data.draw(st.booleans())
             least = data.draw(st.integers(1, N))
-            if not sent and roll == 0:
-                # a masked reset: the other envs keep the observation recv() gave last
+            mask &= np.array([i not in sent for i in range(N)])
+            if roll == 0 and mask.any():
+                # a masked reset of envs not in flight (others may be): the other envs keep
+                # the observation recv() gave last, and those in flight stay in flight
                 obs = front.call("reset", options={"reset_mask": mask})[0]
                 for i in range(N):
                     want = oracles[i].reset()[0][0] if mask[i] else last[i]
                     assert np.array_equal(obs[i], want)
                     last[i] = want
+                assert front.venv.state is (State.SENT if sent else State.READY)
                 continue
             ids = [i for i in order if i in chosen and i not in sent]
             if ids and (not sent or wants_send):
@@ -283,9 +287,67 @@ async def test_bad_recv_calls():
         assert env_ids.tolist() == [0, 1]
 
 
+@pytest.mark.asyncio
+async def test_amid_sent_envs_only_envs_not_in_flight_may_be_reset():
+    async with aiovec.AsyncioVectorEnv([SpaceEnv] * 3) as venv:
+        await venv.reset(seed=0)
+        venv.send(np.zeros(2, np.int64), [0, 2])
+        with pytest.raises(aiovec.StateError, match=r"cannot reset env\(s\) \[2\]"):
+            await venv.reset(options={"reset_mask": np.array([False, True, True])})
+        with pytest.raises(aiovec.StateError, match="in flight from send"):
+            await venv.reset(seed=1)  # a full reset
+        assert [env.episodes for env in venv.envs] == [1, 1, 1]  # no env was reset
+        await venv.reset(options={"reset_mask": np.array([False, True, False])})
+        assert [env.episodes for env in venv.envs] == [1, 2, 1]
+        assert venv.state is State.SENT
+        *_, env_ids = await venv.recv()
+        assert env_ids.tolist() == [0, 2]
+        assert venv.state is State.READY
+
+
 def test_send_outside_a_loop_says_how():
     venv = aiovec.AsyncioVectorEnv([SpaceEnv])
     asyncio.run(venv.reset(seed=0))
     with pytest.raises(RuntimeError, match=r"BlockingVectorEnv\.send"):
         venv.send(np.zeros(1, np.int64))
     asyncio.run(venv.close())
+
+
+def _held_first(gate: Any, i: int) -> Any:
+    """Env 0's first step waits for ``gate``; the others answer at once."""
+    return AsyncHangingEnv(SpaceEnv(), gate) if i == 0 else AsyncTwin(SpaceEnv(), max_yields=1)
+
+
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_send_while_a_recv_waits_is_collected_by_that_recv(backend: str, tmp_path: Any) -> None:
+    """``RECEIVING`` takes a ``send`` (and nothing else); the waiting ``recv`` collects it."""
+    gate = FifoGate(tmp_path)
+
+    async def main() -> None:
+        fns = [lambda i=i: _held_first(gate, i) for i in range(N)]
+        async with aiovec.AsyncioVectorEnv(fns, backend=backend, num_workers=2) as venv:
+            await venv.reset(seed=0)
+            actions = venv.action_space.sample()
+            venv.send(actions[:1], [0])  # its step waits for the gate
+            recv = asyncio.ensure_future(venv.recv(min_envs=1))
+            for _ in range(100):  # let the recv start waiting (loop turns, not time)
+                if venv.state is State.RECEIVING:
+                    break
+                await asyncio.sleep(0)
+            assert venv.state is State.RECEIVING
+            with pytest.raises(aiovec.StateError, match=r"a recv\(\) is waiting"):
+                await venv.step(actions)
+            venv.send(actions[1:3], [1, 2])
+            *_, env_ids = await asyncio.wait_for(recv, 10)
+            assert set(env_ids.tolist()) <= {1, 2}
+            assert env_ids.tolist()  # the envs sent meanwhile came back to that recv
+            assert venv.state is State.SENT  # env 0 (and maybe another) still out
+            gate.release()
+            *_, rest = await asyncio.wait_for(venv.recv(), 10)
+            assert sorted([*env_ids.tolist(), *rest.tolist()]) == [0, 1, 2]
+            assert venv.state is State.READY
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.release()

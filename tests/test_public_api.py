@@ -24,6 +24,9 @@ PUBLIC = {
     "Collector",
     "EnvError",
     "EnvTimeoutError",
+    "Episode",
+    "EpisodeBatch",
+    "EpisodeCollector",
     "LatencyStats",
     "NoAsyncCallError",
     "RestartPolicy",
@@ -33,6 +36,7 @@ PUBLIC = {
     "WorkerDiedError",
     "__version__",
     "make",
+    "rewards_differ",
 }
 
 

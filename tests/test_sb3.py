@@ -9,6 +9,7 @@ must be identical.  Skipped when Stable-Baselines3 is not installed (the extra
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import sys
@@ -16,6 +17,7 @@ import sys
 import gymnasium
 import numpy as np
 import pytest
+from conftest import HAVE_RAY, shared_actors
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
@@ -465,4 +467,76 @@ def test_her_trains_with_four_envs(backend):
     model.learn(total_timesteps=200)
     assert model.num_timesteps >= 200
     assert model.replay_buffer.size() > 0
+    venv.close()
+
+
+def failing_env(method, index):
+    """Env ``index`` of three raises its own ``ConnectionResetError`` on its 2nd ``method``."""
+    if index != 1:
+        return space_env("box-discrete")()
+    error = ConnectionResetError("simulator went away")
+    return FaultyEnv(space_env("box-discrete")(), method=method, at=2, error=error)
+
+
+def fail(venv, method):
+    """The calls that reach ``method`` a 2nd time: a step, or a reset."""
+    venv.reset()
+    if method == "reset":
+        venv.reset()
+    else:
+        venv.step_async(np.zeros(NUM_ENVS, np.int64))
+        venv.step_wait()
+        venv.step_async(np.zeros(NUM_ENVS, np.int64))
+        venv.step_wait()
+
+
+ERROR_CASES = [
+    ("blocking", "inline"),
+    ("blocking", "thread"),
+    ("blocking", "process"),
+    ("await", "inline"),
+    pytest.param("blocking", "ray", marks=pytest.mark.skipif(not HAVE_RAY, reason="no ray")),
+]
+
+
+@pytest.mark.parametrize("method", ["step", "reset"])
+@pytest.mark.parametrize(("front", "backend"), ERROR_CASES)
+def test_an_envs_error_is_raised_as_itself_as_on_dummy_vec_env(front, backend, method):
+    """Code written for DummyVecEnv catches the env's own exception type (issue 35)."""
+    fns = [functools.partial(failing_env, method, i) for i in range(NUM_ENVS)]
+    dummy = DummyVecEnv(fns)
+    with pytest.raises(ConnectionResetError, match="simulator went away"):
+        fail(dummy, method)
+    dummy.close()
+    kwargs = {"num_workers": 1, **shared_actors(backend)} if backend in ("process", "ray") else {}
+    ours = SB3VecEnv(
+        (aiovec.BlockingVectorEnv if front == "blocking" else aiovec.AsyncioVectorEnv)(
+            fns, backend=backend, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs
+        )
+    )
+    try:
+        with pytest.raises(ConnectionResetError, match="simulator went away") as raised:
+            fail(ours, method)
+        assert type(raised.value) is ConnectionResetError
+        assert f"(raised by env 1 in {method}()" in raised.value.__notes__[-1]
+    finally:
+        ours.close()
+
+
+class Hanging(aiovec.AsyncEnv):
+    observation_space = action_space = spaces.Discrete(2)
+
+    async def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    async def step(self, action):
+        await asyncio.Event().wait()
+
+
+def test_aiovecs_own_failures_stay_aiovec_errors():
+    """A timeout is aiovec's, not an exception of the env's: it is not unwrapped."""
+    venv = make_sb3_env([Hanging, Hanging], step_timeout=0.01)
+    venv.reset()
+    with pytest.raises(aiovec.EnvTimeoutError, match="did not answer step"):
+        venv.step(np.zeros(2, np.int64))
     venv.close()

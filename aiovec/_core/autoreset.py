@@ -92,13 +92,17 @@ class AutoresetState:
         return self._asked[i]
 
     def reset_options(self, i: int, explicit: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Env ``i``'s options at a ``reset()``: the hook's, overridden by ``explicit``."""
+        """Env ``i``'s options at a ``reset()``: the hook's, overridden by ``explicit``.
+
+        A reset that gives no options of its own (none, or only a
+        ``reset_mask``) resets with the hook's answer, ``None`` included.
+        """
         if self.hook is None:
             return explicit
         options = self.options(i)
-        if options is None or explicit is None:
-            return explicit if options is None else options
-        return {**options, **explicit}
+        if not explicit:
+            return options
+        return explicit if options is None else {**options, **explicit}
 
     def stepped(
         self, indices: Sequence[int] | None, terminations: np.ndarray, truncations: np.ndarray

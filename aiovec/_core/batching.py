@@ -73,6 +73,9 @@ class Batcher:
         num_envs: How many envs.
         copy: Return observations that later calls never modify (else views of
             a reused buffer).
+        batched_observation_space: The batched observation space, when it is
+            not ``num_envs`` copies of ``observation_space`` (envs whose
+            spaces differ in bounds: ``observation_mode``).
     """
 
     def __init__(
@@ -81,10 +84,13 @@ class Batcher:
         action_space: spaces.Space[Any],
         num_envs: int,
         copy: bool,
+        batched_observation_space: spaces.Space[Any] | None = None,
     ) -> None:
         self.single_observation_space = observation_space
         self.single_action_space = action_space
-        self.observation_space = batch_space(observation_space, num_envs)
+        self.observation_space = batched_observation_space or batch_space(
+            observation_space, num_envs
+        )
         self.action_space = batch_space(action_space, num_envs)
         self.num_envs = num_envs
         self.copy = copy

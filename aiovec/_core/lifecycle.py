@@ -4,7 +4,7 @@
 
     NEEDS_RESET --reset--> READY --step--> BUSY --ok--> READY
          |                   ^  |            |
-         |                   |  +--send--> SENT --recv (BUSY while waiting)--> SENT/READY
+         |                   |  +--send--> SENT --recv (RECEIVING: send() allowed)--> SENT/READY
          |                   +----reset------+--fails/cancelled--> BROKEN
          +--reset_async--> RESET_SENT --reset_wait (BUSY while waiting)--> READY
          +--------------------------------------- close ---------> CLOSED
@@ -32,7 +32,8 @@ class State(enum.Enum):
     """Where a vector env is in its life: ``venv.state``, public as ``aiovec.State``.
 
     ``NEEDS_RESET`` (before the first ``reset()``), ``READY``, ``BUSY`` (a
-    call is in flight), ``SENT`` (envs in flight from ``send()``), ``BROKEN``
+    call is in flight), ``SENT`` (envs in flight from ``send()``),
+    ``RECEIVING`` (a ``recv()`` waits; more envs may be sent), ``BROKEN``
     (a call failed or was cancelled half-way: only a full ``reset()`` or
     ``close()`` is allowed) and ``CLOSED``.
     """
@@ -45,6 +46,7 @@ class State(enum.Enum):
     READY = "ready"
     SENT = "sent"
     RESET_SENT = "reset sent"
+    RECEIVING = "receiving"
     BUSY = "busy"
     BROKEN = "broken"
     CLOSED = "closed"
@@ -73,8 +75,12 @@ _ALL = frozenset(VectorCall)
 _ALLOWED: dict[State, frozenset[VectorCall]] = {
     State.NEEDS_RESET: frozenset({VectorCall.RESET, VectorCall.RESET_ASYNC, VectorCall.INSPECT}),
     State.READY: _ALL - {VectorCall.RECV, VectorCall.STEP_WAIT, VectorCall.RESET_WAIT},
-    State.SENT: frozenset({VectorCall.SEND, VectorCall.RECV, VectorCall.STEP_WAIT}),
+    # a masked reset amid sent envs resets envs not in flight (the vector env checks which)
+    State.SENT: frozenset(
+        {VectorCall.SEND, VectorCall.RECV, VectorCall.STEP_WAIT, VectorCall.RESET_MASK}
+    ),
     State.RESET_SENT: frozenset({VectorCall.RESET_WAIT}),
+    State.RECEIVING: frozenset({VectorCall.SEND}),
     State.BUSY: frozenset(),
     State.BROKEN: frozenset({VectorCall.RESET, VectorCall.RESET_ASYNC}),
     State.CLOSED: frozenset(),
@@ -83,6 +89,7 @@ _ALLOWED: dict[State, frozenset[VectorCall]] = {
 PENDING: dict[State, str] = {State.SENT: "step", State.RESET_SENT: "reset"}
 """The call a state waits to be collected, in gymnasium's words (``AsyncState``)."""
 
+_WAITING = frozenset({State.BUSY, State.RECEIVING})
 _WAITS_FOR = {VectorCall.STEP_WAIT: "step", VectorCall.RESET_WAIT: "reset"}
 _STARTS = frozenset({VectorCall.STEP_ASYNC, VectorCall.RESET_ASYNC})
 _COLLECT = {"step": "step_wait() or recv()", "reset": "reset_wait()"}
@@ -92,6 +99,10 @@ _WHY: dict[State, str] = {
     State.READY: "no env is in flight; call send() before recv()",
     State.SENT: "some envs are in flight from send(); recv() them first (or close())",
     State.RESET_SENT: "a reset is in flight from reset_async(); reset_wait() for it first",
+    State.RECEIVING: (
+        "a recv() is waiting on this vector env; only send() may be called meanwhile "
+        "(await the recv() first)"
+    ),
     State.BUSY: (
         "another call is in flight on this vector env (calls on one vector env must not "
         "overlap; await the first one, or use send()/recv() for partial stepping)"
@@ -117,7 +128,7 @@ class Lifecycle:
             return
         if state is State.CLOSED:
             raise ClosedError(f"cannot call {op.value}: {_WHY[state]}")
-        if op in _WAITS_FOR and state is not State.BUSY:
+        if op in _WAITS_FOR and state not in _WAITING:
             name = _WAITS_FOR[op]
             raise NoAsyncCallError(
                 f"Calling `{name}_wait` without any prior call to `{name}_async`. "

@@ -21,5 +21,6 @@ VECTOR_OPTIONS = (
     "max_concurrency",
     "backend_options",
     "reset_options",
+    "observation_mode",
 )
 """The keyword-only parameters of the vector env's constructor, in order."""

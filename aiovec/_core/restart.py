@@ -19,13 +19,21 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiovec._core.calls import Transition
 from aiovec._errors import describe_error
 
-__all__ = ("RestartBook", "RestartPolicy", "describe_failure", "restarted_row")
+__all__ = (
+    "CALM_STEPS",
+    "SAY_EVERY",
+    "Outage",
+    "RestartBook",
+    "RestartPolicy",
+    "describe_failure",
+    "restarted_row",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +161,68 @@ class RestartBook:
         """Charge a restart at ``now`` to each env of ``indices``."""
         for i in indices:
             self._recent(i, now).append(now)
+
+
+SAY_EVERY = 10.0
+"""While an outage lasts, at most one line says how it goes every this many seconds."""
+
+CALM_STEPS = 2
+"""An outage is over after this many steps in a row in which no env failed.
+
+Two, because under ``NEXT_STEP`` a restarted env's next step is its autoreset,
+which proves nothing about the env's steps."""
+
+
+@dataclass(slots=True)
+class Outage:
+    """One outage of a vector env: from a step's failures to `CALM_STEPS` steps without any.
+
+    Its start and its end are said, one line each, with the counts kept here
+    (failures by exception type, restarts); while it lasts, at most one line
+    every `SAY_EVERY` seconds (`due`).  Times are the caller's clock.
+
+    Attributes:
+        since: When its first failure was seen.
+        said: When a line about it was said last.
+        envs: Every env that failed during it.
+        causes: How many failures of each exception type.
+        restarts: Rebuilds tried (each env counts once per try).
+        back: When its last restart succeeded (``None``: none yet).
+        calm: Steps in a row, since its last failure, in which no env failed.
+    """
+
+    since: float
+    said: float
+    envs: set[int] = field(default_factory=set)
+    causes: collections.Counter[str] = field(default_factory=collections.Counter)
+    restarts: int = 0
+    back: float | None = None
+    calm: int = 0
+
+    def failed(self, errors: Iterable[tuple[int, BaseException]]) -> None:
+        """Count the failures of a step: env index and exception."""
+        self.calm = 0
+        for i, error in errors:
+            self.envs.add(i)
+            self.causes[type(error).__name__] += 1
+
+    def calmed(self) -> bool:
+        """A step in which no env failed; whether the outage is over now."""
+        self.calm += 1
+        return self.calm >= CALM_STEPS
+
+    def due(self, now: float) -> bool:
+        """Whether a line may be said at ``now``; if so, it counts as said."""
+        if now - self.said < SAY_EVERY:
+            return False
+        self.said = now
+        return True
+
+    def counts(self) -> str:
+        """``15 restarts; 3 failures: ConnectionResetError x3``."""
+        causes = ", ".join(f"{kind} x{count}" for kind, count in self.causes.most_common())
+        failures = self.causes.total()
+        return f"{self.restarts} restarts; {failures} failures: {causes}"
 
 
 def describe_failure(error: BaseException, operation: str) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import create_empty_array
 
-__all__ = ("SegmentBatch", "SegmentBook", "as_tree", "row_infos", "tree_map")
+__all__ = ("Book", "SegmentBatch", "SegmentBook", "as_tree", "row_infos", "tree_map")
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
@@ -110,14 +110,61 @@ class SegmentBatch:
 
 
 @dataclass(slots=True)
-class _Segment:
-    env_id: int
+class _Finished:
+    """Segments that finished together: row ``k`` of each array is one segment."""
+
+    env_ids: np.ndarray
     arrays: dict[str, Any]
-    infos: dict[int, dict[str, Any]]
-    oldest: int  # the lowest policy version in it
+    infos: list[dict[int, dict[str, Any]]]
+    oldest: np.ndarray  # each segment's lowest policy version
 
 
-class SegmentBook:
+class Book:
+    """What a collector's driver tells a book, and what every env shows now.
+
+    The seam between the driver and where rows go (`SegmentBook`, or
+    `aiovec._core.episodes.EpisodeBook`): the driver tells a book what each
+    env was shown (`observed`), what the policy chose (``acted``) and what the
+    step gave (``stepped``); the book shows the policy its input (`shown`).
+    """
+
+    def __init__(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], num_envs: int
+    ) -> None:
+        self.action_space = action_space
+        self.num_envs = num_envs
+        self.last_obs = _empty(observation_space, (num_envs,))
+
+    def observed(self, ids: np.ndarray, obs: Any) -> None:
+        """Envs ``ids`` now show ``obs`` (rows in the order of ``ids``)."""
+        tree_map(lambda buf, v: buf.__setitem__(ids, v), self.last_obs, obs)
+
+    def action_rows(self) -> Any:
+        """Zeros of one action per env (``(num_envs, ...)``)."""
+        return _empty(self.action_space, (self.num_envs,))
+
+    def shown(self, ids: np.ndarray) -> Any:
+        """What envs ``ids`` show now: the policy's input."""
+        return tree_map(lambda buf: buf[ids], self.last_obs)
+
+    def acted(self, ids: np.ndarray, actions: Any, extras: Mapping[str, Any], version: int) -> None:
+        """The policy (``version``) chose ``actions`` (and ``extras``) for envs ``ids``."""
+        raise NotImplementedError
+
+    def stepped(  # noqa: PLR0917  (one transition's fields)
+        self,
+        ids: np.ndarray,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        truncations: np.ndarray,
+        next_obs: Any,
+        infos: Sequence[dict[str, Any]] | None = None,
+    ) -> object:
+        """The steps of envs ``ids`` ended (``next_obs``: the final one where one ended)."""
+        raise NotImplementedError
+
+
+class SegmentBook(Book):
     """Each env's segment being filled, and the finished ones in the order they finished."""
 
     def __init__(
@@ -127,10 +174,9 @@ class SegmentBook:
         num_envs: int,
         length: int,
     ) -> None:
+        super().__init__(observation_space, action_space, num_envs)
         self.length = length
-        self.action_space = action_space
         self.pos = np.zeros(num_envs, dtype=np.int64)
-        self.last_obs = _empty(observation_space, (num_envs,))
         shape = (num_envs, length)
         self._fields: dict[str, Any] = {
             "obs": _empty(observation_space, shape),
@@ -143,19 +189,8 @@ class SegmentBook:
         }
         self._extras: dict[str, np.ndarray] = {}
         self._infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(num_envs)]
-        self.finished: deque[_Segment] = deque()
-
-    def observed(self, ids: np.ndarray, obs: Any) -> None:
-        """Envs ``ids`` now show ``obs`` (rows in the order of ``ids``)."""
-        tree_map(lambda buf, v: buf.__setitem__(ids, v), self.last_obs, obs)
-
-    def action_rows(self) -> Any:
-        """Zeros of one action per env (``(num_envs, ...)``)."""
-        return _empty(self.action_space, (len(self.pos),))
-
-    def shown(self, ids: np.ndarray) -> Any:
-        """What envs ``ids`` show now: the policy's input."""
-        return tree_map(lambda buf: buf[ids], self.last_obs)
+        self.finished: deque[tuple[_Finished, int]] = deque()
+        """Finished segments in the order they finished (their group, their row in it)."""
 
     def acted(self, ids: np.ndarray, actions: Any, extras: Mapping[str, Any], version: int) -> None:
         """The policy (``version``) chose ``actions`` (and ``extras``) for envs ``ids``."""
@@ -195,38 +230,58 @@ class SegmentBook:
             if info:
                 self._infos[int(ids[k])][int(pos[k])] = info
         self.pos[ids] = pos + 1
-        full: list[int] = ids[pos + 1 == self.length].tolist()
-        for i in full:
-            self._finish(i)
-        return full
+        full = ids[pos + 1 == self.length]
+        if len(full):
+            self._finish(full)
+        ended: list[int] = full.tolist()
+        return ended
 
-    def _finish(self, i: int) -> None:
-        arrays = {name: tree_map(lambda buf: buf[i].copy(), b) for name, b in self._fields.items()}
-        arrays.update((name, buf[i].copy()) for name, buf in self._extras.items())
-        self.finished.append(_Segment(i, arrays, self._infos[i], int(arrays["versions"].min())))
-        self._infos[i] = {}
-        self.pos[i] = 0
+    def _finish(self, full: np.ndarray) -> None:
+        """The segments of envs ``full`` are full: copied out together (a few numpy calls)."""
+        arrays = {name: tree_map(lambda buf: buf[full], b) for name, b in self._fields.items()}
+        arrays.update((name, buf[full]) for name, buf in self._extras.items())
+        infos = self._infos
+        done = _Finished(full, arrays, [infos[i] for i in full.tolist()], arrays["versions"].min(1))
+        for i in full.tolist():
+            infos[i] = {}
+        self.finished.extend((done, k) for k in range(len(full)))
+        self.pos[full] = 0
 
     def drop_older_than(self, version: int) -> int:
         """Drop finished segments with a transition from a policy before ``version``; how many."""
-        kept = deque(s for s in self.finished if s.oldest >= version)
+        kept = deque(entry for entry in self.finished if entry[0].oldest[entry[1]] >= version)
         dropped = len(self.finished) - len(kept)
         self.finished = kept
         return dropped
 
     def take(self, size: int) -> SegmentBatch:
         """The first ``size`` finished segments, as one batch."""
-        parts = [self.finished.popleft() for _ in range(size)]
-        stacked = {
-            name: tree_map(lambda *a: np.stack(a), *(p.arrays[name] for p in parts))
-            for name in parts[0].arrays
-        }
+        runs: list[tuple[_Finished, list[int]]] = []  # consecutive segments of one group
+        for _ in range(size):
+            group, k = self.finished.popleft()
+            if runs and runs[-1][0] is group:
+                runs[-1][1].append(k)
+            else:
+                runs.append((group, [k]))
+        first = runs[0][0]
+        if len(runs) == 1 and len(runs[0][1]) == len(first.env_ids):  # one whole group
+            stacked, env_ids = dict(first.arrays), first.env_ids
+        else:
+            parts = [(group, np.array(ks)) for group, ks in runs]
+            stacked = {
+                name: tree_map(
+                    lambda *a: np.concatenate(a),
+                    *(tree_map(lambda buf, ks=ks: buf[ks], g.arrays[name]) for g, ks in parts),
+                )
+                for name in first.arrays
+            }
+            env_ids = np.concatenate([g.env_ids[ks] for g, ks in parts])
         extras = {name: stacked.pop(name) for name in self._extras}
         return SegmentBatch(
             **stacked,
-            env_ids=np.array([p.env_id for p in parts], np.int64),
+            env_ids=env_ids.astype(np.int64, copy=False),
             extras=extras,
-            infos=_batched_infos([p.infos for p in parts], self.length),
+            infos=_batched_infos([g.infos[k] for g, ks in runs for k in ks], self.length),
         )
 
 

@@ -16,15 +16,21 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
+
+from aiovec._errors import SpacesDifferError
 
 __all__ = (
     "BACKENDS",
     "DICT_TYPES",
     "FLAG_TYPES",
+    "OBSERVATION_MODES",
     "ON_ERROR",
     "REWARD_TYPES",
     "SHARED_LIMITER_BACKENDS",
+    "ObservationMode",
     "action_checker",
     "check_actions",
     "check_autoreset_mode",
@@ -36,6 +42,7 @@ __all__ = (
     "check_max_concurrency",
     "check_min_envs",
     "check_num_workers",
+    "check_observation_mode",
     "check_options",
     "check_seeds",
     "check_spaces",
@@ -43,6 +50,7 @@ __all__ = (
     "check_values",
     "describe",
     "is_reward",
+    "observation_fits",
     "step_result_checker",
 )
 
@@ -434,25 +442,96 @@ def _check_length(actions: object, num_envs: int, path: str) -> None:
         raise ValueError(f"{path} must hold num_envs={num_envs} actions, got {length}")
 
 
+OBSERVATION_MODES = ("same", "different")
+
+ObservationMode = str | tuple[spaces.Space[Any], spaces.Space[Any]]
+
+
+def check_observation_mode(mode: object) -> ObservationMode:
+    """``observation_mode``, as gymnasium's vector envs take it.
+
+    ``"same"`` (every env has env 0's observation space), ``"different"``
+    (spaces of one shape and dtype, bounds of their own: batched by gymnasium's
+    ``batch_differing_spaces``) or a tuple ``(observation_space,
+    single_observation_space)`` given as is.
+    """
+    if isinstance(mode, tuple) and len(mode) == 2:
+        if not all(isinstance(space, spaces.Space) for space in mode):
+            raise TypeError(
+                "observation_mode as a tuple must be (observation_space, "
+                f"single_observation_space), two gymnasium Spaces, got {describe(mode)}"
+            )
+        return mode
+    if isinstance(mode, str) and mode in OBSERVATION_MODES:
+        return mode
+    # the words of gymnasium's own refusal, which code written for it may match
+    raise ValueError(
+        "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+        f"batch observation space, actual got {mode}"
+    )
+
+
 def check_spaces(
-    observation_spaces: Sequence[spaces.Space[Any]], action_spaces: Sequence[spaces.Space[Any]]
-) -> None:
-    """All envs must share env 0's single spaces; the lowest mismatching env is named."""
+    observation_spaces: Sequence[spaces.Space[Any]],
+    action_spaces: Sequence[spaces.Space[Any]],
+    observation_mode: ObservationMode = "same",
+) -> tuple[spaces.Space[Any], spaces.Space[Any]]:
+    """The envs' spaces must agree as ``observation_mode`` says; the lowest mismatch is named.
+
+    Every env must have env 0's action space.  Its observation space must be
+    env 0's (``"same"``), or of the same shape and dtype as env 0's
+    (``"different"``) or as the single space given (a tuple).
+
+    Returns:
+        ``(single_observation_space, observation_space)``: the single and the
+        batched observation space.
+
+    Raises:
+        TypeError: A space is not a gymnasium Space.
+        SpacesDifferError: The spaces differ (a ``ValueError`` and, as
+            gymnasium's vector envs raise there, a ``RuntimeError``).
+    """
     for i, pair in enumerate(zip(observation_spaces, action_spaces, strict=True)):
-        for kind, space, first in zip(
-            ("observation_space", "action_space"),
-            pair,
-            (observation_spaces[0], action_spaces[0]),
-            strict=True,
-        ):
+        for kind, space in zip(("observation_space", "action_space"), pair, strict=True):
             if not isinstance(space, spaces.Space):
                 raise TypeError(
                     f"env {i}'s {kind} must be a gymnasium Space, got {describe(space)}"
                 )
-            if i and space != first:
-                raise ValueError(
-                    f"all envs must share one {kind}: env {i} has {space} but env 0 has {first}"
+    first = action_spaces[0]
+    for i, space in enumerate(action_spaces):
+        if space != first:
+            raise SpacesDifferError(
+                f"all envs must share one action_space: env {i} has {space} but env 0 has {first}"
+            )
+    if isinstance(observation_mode, tuple):
+        batched, single = observation_mode
+        _check_shapes(observation_spaces, single, "the single observation space given")
+        return single, batched
+    single = observation_spaces[0]
+    if observation_mode == "same":
+        for i, space in enumerate(observation_spaces):
+            if space != single:
+                raise SpacesDifferError(
+                    f"all envs must share one observation_space (observation_mode='same'): env "
+                    f"{i} has {space} but env 0 has {single}; the sub-environments observation "
+                    "spaces are not equivalent. If this is intentional, use "
+                    "`observation_mode='different'` instead (spaces of one shape and dtype)"
                 )
+        return single, batch_space(single, len(observation_spaces))
+    _check_shapes(observation_spaces, single, "env 0's")
+    return single, batch_differing_spaces(observation_spaces)
+
+
+def _check_shapes(
+    observation_spaces: Sequence[spaces.Space[Any]], single: spaces.Space[Any], whose: str
+) -> None:
+    """Every observation space has the shape and dtype of ``single`` (``whose`` it is)."""
+    for i, space in enumerate(observation_spaces):
+        if not is_space_dtype_shape_equiv(space, single):
+            raise SpacesDifferError(
+                f"observation_mode='different' (or a tuple of spaces) batches spaces of one "
+                f"shape and dtype: env {i} has {space}, {whose} is {single}"
+            )
 
 
 def check_distinct_envs(envs: Sequence[Any], first: int = 0) -> None:
@@ -541,6 +620,22 @@ def step_result_checker(
         return bad
 
     return check
+
+
+def observation_fits(space: spaces.Space[Any]) -> Callable[[Any], bool]:
+    """A test of one observation: whether it batches into ``space`` (the step checker's rule)."""
+    all_fit = _all_fit(space)
+
+    def fits(obs: Any) -> bool:
+        if all_fit((obs,)):
+            return True
+        try:
+            _check_observation(space, obs, "observation")
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    return fits
 
 
 def _all_fit(space: spaces.Space[Any]) -> AllFit:

@@ -149,7 +149,7 @@ class Backend(abc.ABC):
 
     def _check_rebuilt(self, i: int, env: Any) -> None:
         traits = self.traits
-        check_rebuilt(i, env, traits.observation_spaces[0], traits.action_spaces[0])
+        check_rebuilt(i, env, traits.observation_spaces[i], traits.action_spaces[i])
 
     @abc.abstractmethod
     async def aclose(self) -> dict[int, BaseException]:
@@ -254,6 +254,12 @@ class Backend(abc.ABC):
     def _satisfied(self) -> bool:
         return not self.pending or len(self._results) + len(self._errors) >= self._wanted
 
+    def wake(self) -> None:
+        """Have the `collect` waiting now return what it has (more envs were launched)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def take(self) -> Outcomes:
         """The outcomes that arrived since the last take or collect, without waiting."""
         outcomes = self._results, self._errors
@@ -275,6 +281,10 @@ class Backend(abc.ABC):
             The outcomes that arrived since the last collect: results and
             errors by env index.
         """
+        if self._waiter is not None:  # its waiter would be replaced, and never woken
+            raise RuntimeError(
+                "Backend.collect() called while another collect() waits; one caller collects"
+            )
         self._wanted = min_done
         if not self._satisfied():
             waiter = self._waiter = asyncio.get_running_loop().create_future()
@@ -345,7 +355,17 @@ async def build_envs(env_fns: Sequence[Callable[[], Any]]) -> list[Any]:
 
 
 def check_env(i: int, env: Any) -> None:
-    """``env_fns[i]()`` must have returned something with the env protocol's members."""
+    """``env_fns[i]()`` must have returned a single-agent env with the protocol's members."""
+    if _multi_agent(env):
+        raise TypeError(
+            f"env_fns[{i}]() returned a multi-agent env ({type(env).__name__}: "
+            "it has possible_agents, or its observation_space is a method, as a PettingZoo "
+            "ParallelEnv's): aiovec vectorizes single-agent gymnasium envs. Make it one first: "
+            "wrap it in a gymnasium.Env whose spaces are Dict spaces keyed by agent (one "
+            "policy acting for all agents) and give aiovec factories of that; or, to share one "
+            "policy among the agents, SuperSuit's pettingzoo_env_to_vec_env_v1 makes each agent "
+            "an env of a vector env of its own (docs/migrating.md)"
+        )
     missing = [
         a for a in ("reset", "step", "observation_space", "action_space") if not hasattr(env, a)
     ]
@@ -354,6 +374,14 @@ def check_env(i: int, env: Any) -> None:
             f"env_fns[{i}]() must return an env (an aiovec.AsyncEnv or gymnasium.Env), got "
             f"{type(env).__name__}, which lacks {', '.join(missing)}"
         )
+
+
+def _multi_agent(env: Any) -> bool:
+    """Whether ``env`` looks like a PettingZoo env (its spaces are per-agent methods)."""
+    if hasattr(env, "possible_agents"):
+        return True
+    space = getattr(env, "observation_space", None)
+    return callable(space) and not isinstance(space, spaces.Space)
 
 
 def check_rebuilt(
@@ -374,4 +402,7 @@ def check_rebuilt_spaces(
     """Rebuilt env ``i``'s (observation, action) spaces ``got`` must be the others' ``want``."""
     for kind, space, first in zip(("observation_space", "action_space"), got, want, strict=True):
         if space != first:
-            raise ValueError(f"the rebuilt env {i} has {kind} {space}, the others {first}")
+            raise ValueError(
+                f"the rebuilt env {i} has {kind} {space}, the others (and the env it "
+                f"replaces) {first}"
+            )

@@ -118,10 +118,10 @@ def close_op(count: int) -> CallOp:
 
 
 def check_replaced(envs: list[int], first: int, got: EnvTraits, traits: EnvTraits) -> None:
-    """The envs ``envs`` of a new worker (its group starts at ``first``) have the spaces."""
-    want = (traits.observation_spaces[0], traits.action_spaces[0])
+    """The envs ``envs`` of a new worker (its group starts at ``first``) have their spaces."""
     for i in envs:
         j = i - first
+        want = (traits.observation_spaces[i], traits.action_spaces[i])
         check_rebuilt_spaces(i, (got.observation_spaces[j], got.action_spaces[j]), want)
 
 

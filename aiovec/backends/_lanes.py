@@ -20,6 +20,9 @@ A lane carries a coroutine on one slice at a time (``coro.send``/``throw``
 between two suspensions) and times each slice with two clock reads: a slice
 longer than the loop's ``slow_callback_duration`` is reported through
 ``on_slow(i, start, stop)`` (an env that may block the loop; see ``aiovec._log``).
+Once ``measure_cpu`` is set, the first resumption of each loop iteration also
+reads the thread's CPU clock into ``mark``, the reference that tells whether a
+slow slice ran on the CPU (`aiovec._log.cpu_within`).
 
 A lane is cancelled to cancel its env's call; cancellation ends the lane, and a
 new one is made for the env's next call.  Python 3.12 made eager tasks a
@@ -39,7 +42,7 @@ import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, cast
 
-from aiovec._log import slow_slice_limit
+from aiovec._log import CpuMark, slow_slice_limit
 
 _Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
 # The same hooks asyncio's own eager tasks use; absent on other interpreters.
@@ -69,6 +72,8 @@ class Lanes:
         self._on_slow = on_slow
         self._lag = [0.0] * num_envs if lag is None else lag
         self._turn: float | None = None  # when this loop iteration's first resumption came
+        self.measure_cpu = False  # read the thread's CPU clock into `mark` once per iteration
+        self.mark: CpuMark | None = None  # (perf_counter, thread_time), read together
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None] | None] = [None] * num_envs
         self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
@@ -205,6 +210,7 @@ class Lanes:
         runs, after every resumption that was ready with it.
         """
         self._turn = now
+        self.mark = (now, time.thread_time()) if self.measure_cpu else None
         assert self._loop is not None
         self._loop.call_soon(self._end_turn)
 

@@ -5,10 +5,13 @@ lanes (see ``_lanes``), so a batch of envs that never suspend costs no task at
 all, and envs that wait overlap their waits.
 
 An env that holds the loop (one stretch of a call, without awaiting, longer
-than the loop's ``slow_callback_duration``) is named once in a warning
-(``aiovec._log``).  Timing is one clock read per env and call, except on the
-hot path of synchronous steps: there the whole batch is timed (two reads), and
-each env only once a batch has taken longer than the limit.
+than the loop's ``slow_callback_duration``, on the CPU) is named in a warning,
+once per kind of call (``aiovec._log.LoopHogs``).  Timing is one clock read per
+env and call, except on the hot path of synchronous steps: there the whole
+batch is timed (two reads), and each env only once a batch has taken longer
+than the limit.  The thread's CPU clock (a system call) is read once per batch
+and per slow stretch, and for steps only once a stretch was over the limit:
+the first such stretch of steps is not judged, it turns the CPU clock on.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ import anyio
 from aiovec._core.calls import STEP, flow_at
 from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
-from aiovec._log import GC_PAUSES, MIN_SLOW_SLICE, held_by_env, slow_slice_limit, warn_slow_slice
+from aiovec._log import (
+    GC_PAUSES,
+    MIN_SLOW_SLICE,
+    LoopHogs,
+    cpu_mark,
+    cpu_within,
+    held_by_env,
+    slow_slice_limit,
+)
 from aiovec.backends._base import Backend, EnvTraits, build_envs, make_env
 from aiovec.backends._drive import (
     StepFlow,
@@ -74,7 +85,7 @@ class InlineBackend(Backend):
         GC_PAUSES.install()  # a collection inside an env's stretch is not the env's doing
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
         self._operation = ""  # the name of the op launched last, for a warning
-        self._slow_envs: set[int] = set()  # envs already warned of holding the loop
+        self._hogs = LoopHogs()  # stretches that held the loop, said once per kind of call
         self._time_each_step = False  # set once a batch of sync steps held the loop
         self.traits = EnvTraits.of(self._envs)
         _OPEN.add(self)
@@ -101,8 +112,11 @@ class InlineBackend(Backend):
         self._operation = op.name
         if not isinstance(op, StepOp):
             self._run_each(
-                (i, perform_sync, perform_async, (envs[i], call))
-                for i, call in zip(indices, op.calls, strict=True)
+                (
+                    (i, perform_sync, perform_async, (envs[i], call))
+                    for i, call in zip(indices, op.calls, strict=True)
+                ),
+                measure=True,
             )
         elif self._any_async and self.limiter is None:
             self._step_each(indices, op)
@@ -122,14 +136,21 @@ class InlineBackend(Backend):
             now = time.perf_counter()
             if now - since > MIN_SLOW_SLICE and held_by_env(since, now) > slow_slice_limit():
                 self._time_each_step = True  # some env may hold the loop: find which
+                self._lanes.measure_cpu = True  # and whether it ran on the CPU
+        if self._hogs.noted and not self.pending:
+            self._hogs.say()
 
-    def _run_each(self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]]) -> None:
+    def _run_each(
+        self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]], *, measure: bool = False
+    ) -> None:
         """Run each ``(i, sync_fn, async_fn, args)``: sync envs now, async ones eagerly.
 
-        Each env's stretch on the loop is timed (one clock read per env).
+        Each env's stretch on the loop is timed (one clock read per env); the
+        thread's CPU clock is read first if ``measure`` or once turned on (`_slow`).
         """
         is_async, lanes, results = self._is_async, self._lanes, self._results
         clock, limit = time.perf_counter, slow_slice_limit()
+        lanes.mark = cpu_mark() if measure or lanes.measure_cpu else None
         since = last = clock()
         loop: asyncio.AbstractEventLoop | None = None
         caller = None
@@ -162,17 +183,20 @@ class InlineBackend(Backend):
                 lanes.leave(caller)
 
     def _slow(self, i: int, start: float, stop: float) -> None:
-        """Env ``i`` held the loop from ``start`` to ``stop``: say so, once per env.
+        """Env ``i`` held the loop from ``start`` to ``stop``: note it (`LoopHogs.note`).
 
-        The garbage collector's pauses within that stretch are not the env's.
+        Judged with the thread's CPU time since the lanes' mark (`cpu_within`,
+        read at the start of this batch or loop iteration); without a mark, the
+        CPU clock is turned on for the envs' steps and the stretch is not judged.
         """
-        if i in self._slow_envs:
+        lanes = self._lanes
+        mark = lanes.mark
+        if mark is None:
+            lanes.measure_cpu = True  # read from the next batch on
             return
-        limit = slow_slice_limit()
-        held = held_by_env(start, stop)
-        if held > limit:
-            self._slow_envs.add(i)
-            warn_slow_slice(i, self._operation, held, limit)
+        now = (stop, time.thread_time())
+        lanes.mark = now
+        self._hogs.note(i, self._operation, start, stop, cpu_within(mark, start, now))
 
     def _queuer(self, i: int) -> Callable[[bool], None]:
         """Env ``i``'s hook for `limited`: it waits for a concurrency slot, or no longer."""
@@ -191,6 +215,7 @@ class InlineBackend(Backend):
         envs, flows, is_async, results = self._envs, self._flows, self._is_async, self._results
         lanes, actions, advance = self._lanes, self._actions, self._advance
         clock, limit = time.perf_counter, slow_slice_limit()
+        lanes.mark = cpu_mark() if lanes.measure_cpu else None
         since = last = clock()
         loop = self._loop = asyncio.get_running_loop()
         caller = lanes.enter(loop)
@@ -248,6 +273,8 @@ class InlineBackend(Backend):
         if error is not None:
             self._flows[i] = None
         super()._finish(i, value, error)
+        if self._hogs.noted and not self.pending:  # the call is over: say what held the loop
+            self._hogs.say()
 
     async def rebuild(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Close, then rebuild each env from its factory (on this loop: `make_env`)."""

@@ -23,6 +23,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -123,7 +124,7 @@ class ThreadBackend(Backend):
 
     def _build(self, i: int, done: queue.SimpleQueue[Any]) -> None:
         try:
-            env = self._env_fns[i]()
+            env = _built(i, self._env_fns[i])
             _check_env(i, env)
         except BaseException as exc:
             done.put((i, None, exc))
@@ -233,7 +234,7 @@ class ThreadBackend(Backend):
     def _rebuild_one(self, i: int, done: concurrent.futures.Future[Any]) -> None:
         close_quietly([self._envs[i]])  # it already failed; so may its close
         try:
-            env = self._env_fns[i]()
+            env = _built(i, self._env_fns[i])
             _check_env(i, env)
             self._check_rebuilt(i, env)
         except BaseException as exc:
@@ -283,6 +284,25 @@ class ThreadBackend(Backend):
         deadline = time.monotonic() + timeout
         for worker in self._workers:  # idle threads end at once; a hung one is a daemon
             worker.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_NO_LOOP = re.compile(r"no (running|current) event loop", re.IGNORECASE)
+"""asyncio's words when code that needs a running loop runs without one."""
+
+
+def _built(i: int, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on env ``i``'s thread; a factory that needs a running loop is refused."""
+    try:
+        return fn()
+    except RuntimeError as exc:
+        if not _NO_LOOP.search(str(exc)):
+            raise
+        raise TypeError(
+            f"env_fns[{i}]() needs a running event loop ({exc}): it builds an async env (an "
+            "aiohttp ClientSession made in __init__, say). backend='thread' runs synchronous "
+            "envs, each on a thread of its own where no event loop runs: use "
+            "backend='inline' for async envs"
+        ) from exc
 
 
 def _check_env(i: int, env: Any) -> None:

@@ -50,9 +50,14 @@ adapter translates each and keeps no rule of its own:
    value that is not a number) are deep-copied, as ``DummyVecEnv`` copies its
    infos; numbers come out of arrays made by batching, and a worker's results
    arrive as copies already.
-8. **Errors.**  ``make_sb3_env`` re-raises a factory's exception as itself (with
-   a note naming the env), not wrapped in `aiovec.EnvError`, so SB3 code that
-   catches, e.g., ``gymnasium.error.DeprecatedEnv`` still does.
+8. **Errors.**  An env's own exception (from its factory, ``reset``, ``step``,
+   an attribute or a method) is raised as itself, as ``DummyVecEnv`` lets it
+   through, not wrapped in `aiovec.EnvError`: SB3 code that catches, e.g.,
+   ``gymnasium.error.DeprecatedEnv`` or a simulator's own error still does, on
+   every backend.  A note (``add_note``) names the env, and any other env that
+   failed in the same call.  aiovec's own failures (`aiovec.EnvTimeoutError`,
+   `aiovec.WorkerDiedError`, an env lost with its worker) have no exception of
+   the env's to raise and stay as they are.
 
 An `aiovec.AsyncioVectorEnv` is driven through the runner that
 `aiovec.BlockingVectorEnv` uses: SB3 is synchronous code.
@@ -60,7 +65,6 @@ An `aiovec.AsyncioVectorEnv` is driven through the runner that
 
 from __future__ import annotations
 
-import copy as _copy
 import inspect
 import operator
 from collections.abc import Callable, Sequence
@@ -68,15 +72,14 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import concatenate, create_empty_array
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._core.lifecycle import State
 from aiovec._errors import EnvError, StateError
 from aiovec._runner import Runner
 from aiovec._vector import AsyncioVectorEnv
+from aiovec.compat._shared import batch_per_env, own_error, unbatch_infos
 
 try:
     from stable_baselines3.common.vec_env.base_vec_env import (
@@ -93,7 +96,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
 __all__ = ("SB3VecEnv", "make_sb3_env", "unbatch_infos")
 
 _FINAL = ("final_obs", "final_info")
-_COMPOSITE = (spaces.Dict, spaces.Tuple)
 
 
 def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecEnv:
@@ -117,57 +119,14 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
     try:
         venv = BlockingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
     except EnvError as exc:
-        raise _raised_by_factory(exc) from None
-    try:
-        return SB3VecEnv(venv)
-    except BaseException:
-        venv.close()
-        raise
-
-
-def _raised_by_factory(error: EnvError) -> BaseException:
-    """A factory's own exception, noted with its env, from aiovec's report of it.
-
-    Any other failure (a worker that died as it built its envs) stays `aiovec.EnvError`.
-    """
-    i = error.env_index
-    if type(error) is not EnvError or error.operation != f"env_fns[{i}]()":
-        return error
-    cause = error.errors[i]
-    cause.add_note(f"(raised by env_fns[{i}](), as make_sb3_env built env {i})")
-    return cause
-
-
-def unbatch_infos(
-    infos: dict[str, Any], num_envs: int, *, copy: bool = False
-) -> list[dict[str, Any]]:
-    """Gymnasium's vector infos (arrays with ``_key`` masks) as one dict per env.
-
-    A key without a mask belongs to every env; nested dicts are unbatched too.
-
-    Args:
-        infos: A vector env's infos.
-        num_envs: The number of envs.
-        copy: Deep-copy what an object array holds (``final_obs``, ``final_info``,
-            any info value that is not a number): the very objects the envs
-            returned, where they live in this process.  Numbers come out of
-            arrays that batching made, so they are never an env's own.
-    """
-    per_env: list[dict[str, Any]] = [{} for _ in range(num_envs)]
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        mask = infos.get(f"_{key}")
-        envs = range(num_envs) if mask is None else np.flatnonzero(mask).tolist()
-        if isinstance(value, dict):
-            values: Any = unbatch_infos(value, num_envs, copy=copy)
-        elif copy and isinstance(value, np.ndarray) and value.dtype == object:
-            values = dict(zip(envs, _copy.deepcopy([value[i] for i in envs]), strict=True))
-        else:
-            values = value
-        for i in envs:
-            per_env[i][key] = values[i]
-    return per_env
+        own = own_error(exc, "make_sb3_env", "SB3")
+    else:
+        try:
+            return SB3VecEnv(venv)
+        except BaseException:
+            venv.close()
+            raise
+    raise own  # outside the handler: as the env raised it, with no aiovec context
 
 
 class SB3VecEnv(VecEnv):
@@ -315,12 +274,7 @@ class SB3VecEnv(VecEnv):
         env_ids = self._env_ids(indices)
         if env_ids == []:
             return []
-        try:
-            return list(self._do("get_attr", attr_name, env_ids=env_ids))
-        except EnvError as exc:
-            if all(isinstance(e, AttributeError) for e in exc.errors.values()):
-                raise AttributeError(str(exc)) from exc
-            raise
+        return list(self._do("get_attr", attr_name, env_ids=env_ids))
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Set ``attr_name`` to ``value`` on the envs in ``indices`` (and no others)."""
@@ -360,11 +314,19 @@ class SB3VecEnv(VecEnv):
     # -- machinery -----------------------------------------------------------------
 
     def _do(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``name`` on the blocking front end, or run it on the runner (await API)."""
+        """Call ``name`` on the blocking front end, or run it on the runner (await API).
+
+        An env's own exception is raised as itself (`aiovec.compat._shared.own_error`),
+        as ``DummyVecEnv`` does.
+        """
         method = getattr(self.venv, name)
-        if self._runner is None:
-            return method(*args, **kwargs)
-        return self._runner.run(_completed(method, args, kwargs))
+        try:
+            if self._runner is None:
+                return method(*args, **kwargs)
+            return self._runner.run(_completed(method, args, kwargs))
+        except EnvError as exc:
+            own = own_error(exc, "make_sb3_env", "SB3")
+        raise own  # outside the handler: as the env raised it, with no aiovec context
 
     def _collect_sent(self) -> None:
         if self._sent:
@@ -394,17 +356,9 @@ class SB3VecEnv(VecEnv):
 
     def _batched(self, actions: Any) -> Any:
         """A list or tuple of per-env actions of a ``Dict``/``Tuple`` space, batched."""
-        space = self.venv.single_action_space
-        if not isinstance(actions, list | tuple) or not isinstance(space, _COMPOSITE):
-            return actions  # arrays (and lists of array-like actions) are aiovec's own input
-        if len(actions) != self.num_envs:
-            raise ValueError(
-                f"actions must hold one action per env (num_envs={self.num_envs}), "
-                f"got {len(actions)}"
-            )
-        batch = create_empty_array(space, self.num_envs)
-        assert batch is not None  # a Dict or Tuple space
-        return concatenate(space, actions, batch)
+        if isinstance(actions, np.ndarray):
+            return actions  # SB3's rows: aiovec's own input
+        return batch_per_env(self.venv.single_action_space, actions, self.num_envs)
 
 
 def _backend_of(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> str:

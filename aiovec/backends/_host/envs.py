@@ -40,6 +40,8 @@ class Envs:
         self.is_async = [is_async_env(env) for env in envs]
         self.flows: list[StepFlow | None] = [None] * len(envs)
         self.spaces = (envs[0].observation_space, envs[0].action_space)
+        # each env's own: a rebuilt env must have them (they may differ in bounds)
+        self.env_spaces = [(env.observation_space, env.action_space) for env in envs]
 
     def ready(self, node_id: str | None = None) -> Ready:
         """A new worker's first word: the envs' traits, which are async (and its node)."""
@@ -99,7 +101,7 @@ class Envs:
             try:
                 if isinstance(env, BaseException):
                     raise env
-                check_rebuilt(self.first + j, env, *self.spaces)
+                check_rebuilt(self.first + j, env, *self.env_spaces[j])
                 self.is_async[j] = is_async_env(env)
             except Exception as exc:
                 errors[j] = portable(exc)
