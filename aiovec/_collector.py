@@ -116,15 +116,24 @@ class _Front(Generic[B]):
         return self._abatches()
 
     async def _abatches(self) -> AsyncIterator[B]:
+        driver = self._driver
+        closes = driver.closes  # an `aclose` from now on ends this iteration
         try:
-            while (batch := await self._driver.next_batch()) is not None:
+            while closes == driver.closes and (batch := await driver.next_batch()) is not None:
                 yield batch
         finally:
-            await self._driver.stop()
+            await driver.stop()
 
     async def aclose(self) -> None:
-        """Cancel the policy's calls and every env's call in flight (idempotent)."""
-        await self._driver.stop()
+        """End the iteration: cancel the policy's calls and every env's call in flight.
+
+        From any task, the consuming one or another (a shutdown handler, a
+        supervisor): a consumer waiting for a batch sees its ``async for``
+        end as if the collection were over, and one inside the loop's body
+        at its next turn.  Idempotent; the vector env needs a ``reset()``
+        after, and iterating again starts a new collection.
+        """
+        await self._driver.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -144,9 +153,14 @@ class _Front(Generic[B]):
         return self._batches()
 
     def _batches(self) -> Iterator[B]:
-        assert self._runner is not None
+        runner, driver = self._runner, self._driver
+        assert runner is not None
+        closes = driver.closes
         try:
-            while (batch := self._runner.run(self._driver.next_batch())) is not None:
+            while closes == driver.closes:
+                batch = runner.run(driver.next_batch())
+                if batch is None:
+                    break
                 yield batch
         finally:
             self.close()
@@ -154,7 +168,7 @@ class _Front(Generic[B]):
     def close(self) -> None:
         """The blocking front end's `aclose`."""
         if self._runner is not None and not self._runner._closed:
-            self._runner.run(self._driver.stop())
+            self._runner.run(self._driver.close())
 
     def __enter__(self) -> Self:
         return self
@@ -317,6 +331,10 @@ class _Driver:
         self.mode = venv.autoreset_mode
         self.check_actions: dict[int, Callable[[object], None]] = {}  # by number of envs
         self._stopping: asyncio.Future[None] | None = None
+        self.closes = 0  # how many times `close` was called: it ends the iterations before it
+        self._consumer: asyncio.Task[Any] | None = None  # the task inside `next_batch`
+        self._interrupted = False  # `close` cancelled the consumer, to be taken back
+        self._left: asyncio.Future[None] | None = None  # set once the consumer has left
 
     def new_version(self, policy: Callable[..., Any] | None) -> int:
         if policy is not None:
@@ -339,8 +357,56 @@ class _Driver:
         self.out += len(ids)
 
     async def next_batch(self) -> Any:
-        """The next batch, or ``None`` once the collection is over."""
+        """The next batch, or ``None`` once the collection is over (or `close` ended it).
+
+        The task that calls it is its *consumer* until it returns: a `close`
+        from another task interrupts it (`close` says how).
+        """
+        task = asyncio.current_task()  # None: a blocking runner drives this by hand
+        self._consumer = task
+        try:
+            return await self._next_batch()
+        except asyncio.CancelledError:
+            if self._interrupted and task is not None:
+                self._interrupted = False
+                if task.uncancel() == 0:  # the cancellation was close()'s alone
+                    return None
+            raise
+        finally:
+            if self._interrupted and task is not None:  # close()'s never arrived: take it back
+                self._interrupted = False
+                task.uncancel()
+            self._consumer = None
+            if self._left is not None:
+                self._left.set_result(None)
+                self._left = None
+
+    async def _next_batch(self) -> Any:
+        """Collect until the next batch is whole (``None``: the collection is over)."""
         raise NotImplementedError
+
+    async def close(self) -> None:
+        """End the collection from any task (`_Front.aclose`), then `stop`.
+
+        The collection's state belongs to its consumer while it is inside
+        `next_batch`: a stop beside it would pull that state from under its
+        feet.  So a `close` from another task cancels the consumer (its
+        calls unwind as on any cancellation), waits until it has left
+        `next_batch`, which then returns ``None`` as if the collection were
+        over (the cancellation taken back with ``uncancel``: the consumer
+        sees none of it unless someone else cancelled it too), and only then
+        stops.  ``closes`` ends the iterations started before it.
+        """
+        self.closes += 1
+        consumer = self._consumer
+        if consumer is not None and consumer is not asyncio.current_task():
+            if not self._interrupted:
+                self._interrupted = True
+                consumer.cancel()
+            if self._left is None:
+                self._left = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._left)
+        await self.stop()
 
     # -- the policy -------------------------------------------------------------------
 
@@ -637,7 +703,7 @@ class _SegmentDriver(_Driver):
         assert self.book is not None
         self.dropped += self.book.drop_older_than(version)
 
-    async def next_batch(self) -> SegmentBatch:
+    async def _next_batch(self) -> SegmentBatch:
         if self.book is None:
             await self._start()
         book = self.book

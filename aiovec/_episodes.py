@@ -231,7 +231,7 @@ class _EpisodeDriver(_Driver):
     def _drop_lagging(self, version: int) -> None:
         self.dropped += self.groups.drop_older_than(version)
 
-    async def next_batch(self) -> EpisodeBatch | None:
+    async def _next_batch(self) -> EpisodeBatch | None:
         if self.book is None:
             venv = self.venv
             spaces = venv.single_observation_space, venv.single_action_space

@@ -9,7 +9,9 @@ random moments, on the inline and process backends and both front ends; each
 must return (a hang fails the test by its ``asyncio.timeout``), cancel every
 policy call, and leave a vector env that a ``reset()`` makes usable.  Both
 collectors are tried: ``aiovec.Collector`` and ``aiovec.EpisodeCollector``
-(whose envs also start episodes while others are in flight).
+(whose envs also start episodes while others are in flight).  ``aclose()``
+from a task beside the consumer is tried 200 times per backend and collector,
+landing in a policy call, a ``recv``, the loop's body or between two rounds.
 """
 
 from __future__ import annotations
@@ -212,5 +214,175 @@ def test_one_stop_at_a_time(kind: str) -> None:
             assert venv.state in {aiovec.State.BROKEN, aiovec.State.READY}  # nothing in flight
             await venv.reset(seed=1)
             await batches.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+# -- aclose() from another task -------------------------------------------------------
+
+CLOSES = 200  # tries per backend and collector
+
+
+class CountingPolicy:
+    """A policy that sets ``called`` at its ``wake_at``-th call; ``async def`` or plain.
+
+    The closing task waits for ``called`` and then a random number of loop
+    turns: the close lands anywhere, inside a policy call or a ``recv``, in
+    the loop's body, or between two rounds.
+    """
+
+    def __init__(self, rng: random.Random, *, awaits: bool) -> None:
+        self.rng, self.awaits = rng, awaits
+        self.calls = self.running = 0
+        self.wake_at = rng.randint(1, 8)
+        self.called = asyncio.Event()
+
+    def _count(self) -> None:
+        self.calls += 1
+        if self.calls == self.wake_at:
+            self.called.set()
+
+    def __call__(self, obs: Any, env_ids: np.ndarray) -> Any:
+        self._count()
+        if not self.awaits:
+            return np.zeros(len(env_ids), np.int64)
+        return self._answer(len(env_ids))
+
+    async def _answer(self, count: int) -> np.ndarray:
+        self.running += 1
+        try:
+            await asyncio.sleep(self.rng.uniform(0, 0.003))
+        finally:
+            self.running -= 1
+        return np.zeros(count, np.int64)
+
+
+class QuickEnv(WaitingEnv):
+    """`WaitingEnv` whose steps wait 0-3 ms."""
+
+    async def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        await asyncio.sleep(self.np_random.uniform(0, 0.003))
+        ended = bool(self.np_random.random() < self.ends)
+        return np.zeros(2, np.float32), 1.0, ended, False, {}
+
+
+def closing_collector(kind: str, venv: Any, policy: CountingPolicy, rng: random.Random) -> Any:
+    calls = rng.choice([1, 2, None])
+    if kind == "segments":
+        return aiovec.Collector(
+            venv, policy, segment_length=3, batch_size=2, max_policy_calls=calls, seed=0
+        )
+    tasks = itertools.repeat({"ends": 0.3})
+    return aiovec.EpisodeCollector(
+        venv, policy, batch_size=2, group_size=2, tasks=tasks, max_policy_calls=calls, seed=0
+    )
+
+
+async def close_from_another_task(
+    kind: str, venv: Any, rng: random.Random, t: int
+) -> tuple[CountingPolicy, int]:
+    """One try: a consumer iterates, another task closes at a random moment.
+
+    Returns the policy and how many batches the consumer saw.  The consumer
+    must end on its own (no exception, not cancelled), once ``aclose()``
+    returned.
+    """
+    policy = CountingPolicy(rng, awaits=t % 3 != 0)
+    c = closing_collector(kind, venv, policy, rng)
+    in_body = rng.randint(0, 2)  # loop turns the consumer spends in the loop's body
+    seen = 0
+
+    async def consume() -> None:
+        nonlocal seen
+        async for _ in c:
+            seen += 1
+            for _ in range(in_body):
+                await asyncio.sleep(0)
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0  # no cancellation left behind
+
+    consumer = asyncio.create_task(consume())
+    async with asyncio.timeout(HANG):
+        await policy.called.wait()
+        for _ in range(rng.randint(0, 8)):
+            await asyncio.sleep(0)
+        await c.aclose()
+        await consumer  # the loop ended as the iteration would: no error, no cancellation
+    return policy, seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_aclose_from_another_task_ends_the_loop(backend: str, kind: str) -> None:
+    """``aclose()`` from a task beside the consumer: it returns, and the loop ends cleanly.
+
+    Before the fix, the stop ran beside the consumer inside its wait: the
+    consumer read a policy call the stop had cancelled (``CancelledError`` in
+    a task nobody cancelled), took rows into a book the stop had dropped (an
+    assertion), or spun without awaiting (nothing left out to wait on) so
+    that no other task, ``aclose()`` included, ever ran again.
+    """
+    rng = random.Random(f"aclose-{backend}-{kind}")
+
+    async def main() -> None:
+        venv = aiovec.AsyncioVectorEnv([QuickEnv] * 8, backend=backend, num_workers=2)
+        async with venv:
+            batches = 0
+            for t in range(CLOSES):
+                policy, seen = await close_from_another_task(kind, venv, rng, t)
+                batches += seen
+                await asyncio.sleep(0)  # let the cancelled policy calls unwind
+                assert policy.running == 0, "a policy call was left running"
+                assert venv.state in {aiovec.State.BROKEN, aiovec.State.READY}
+                async with asyncio.timeout(HANG):
+                    await venv.reset(seed=t)  # usable again
+            assert batches > 0  # some closes came after a batch, in the loop's body too
+
+    asyncio.run(main())
+
+
+def test_aclose_ends_an_iteration_in_its_body(kind: str) -> None:
+    """A close while the consumer is in the loop's body ends the loop at its next turn."""
+
+    async def main() -> None:
+        async with aiovec.AsyncioVectorEnv([QuickEnv] * 4) as venv:
+            policy = CountingPolicy(random.Random(0), awaits=True)
+            c = closing_collector(kind, venv, policy, random.Random(0))
+            seen = 0
+            async for _ in c:
+                seen += 1
+                await asyncio.wait_for(asyncio.create_task(c.aclose()), HANG)
+            assert seen == 1
+            async for _ in c:  # iterating again starts a new collection
+                break
+            await c.aclose()
+
+    asyncio.run(main())
+
+
+def test_aclose_beside_a_cancellation_keeps_it(kind: str) -> None:
+    """A consumer cancelled by its owner as another task closes the collector is cancelled."""
+
+    async def main() -> None:
+        async with aiovec.AsyncioVectorEnv([QuickEnv] * 4) as venv:
+            for t in range(20):
+                policy = CountingPolicy(random.Random(t), awaits=True)
+                c = closing_collector(kind, venv, policy, random.Random(t))
+
+                async def consume(c: Any = c) -> None:
+                    async for _ in c:
+                        pass
+
+                consumer = asyncio.create_task(consume())
+                await policy.called.wait()
+                closing = asyncio.create_task(c.aclose())
+                await asyncio.sleep(0)  # the close has cancelled the consumer (its own way)
+                consumer.cancel()
+                async with asyncio.timeout(HANG):
+                    await closing
+                    with pytest.raises(asyncio.CancelledError):
+                        await consumer
+                await venv.reset(seed=t)
 
     asyncio.run(main())
