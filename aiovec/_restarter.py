@@ -11,7 +11,10 @@ any call.  `policy_of` says which policy ``on_error`` means.
 What it logs is said per outage (`Outage`), not per env and step: one line
 when a step's failures start one, one when `CALM_STEPS` steps in a row without
 a failure end it (`calm`), with counts, and at most one line every
-`SAY_EVERY` seconds between; giving up ends it too.
+`SAY_EVERY` seconds between; giving up ends it too.  While outages are
+frequent (more than `FREQUENT` within `SUMMARY_EVERY` seconds: a fleet's fault
+rate) their starts and ends are summed up instead, one line every
+`SUMMARY_EVERY` seconds (`OutageLog` says which lines are due).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from aiovec._core.autoreset import AutoresetState
 from aiovec._core.calls import Reset
 from aiovec._core.ops import CallOp
 from aiovec._core.restart import (
+    SUMMARY_EVERY,
     Outage,
+    OutageLog,
     RestartBook,
     RestartPolicy,
     describe_failure,
@@ -54,7 +59,7 @@ class Restarter:
             takes the reset-options hook's options).
     """
 
-    __slots__ = ("_autoreset", "_backend", "_book", "outage", "policy")
+    __slots__ = ("_autoreset", "_backend", "_book", "_log", "outage", "policy")
 
     def __init__(
         self,
@@ -68,6 +73,7 @@ class Restarter:
         self._backend = backend
         self._autoreset = autoreset
         self.outage: Outage | None = None  # the one under way
+        self._log = OutageLog()
 
     def restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
         """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
@@ -154,15 +160,22 @@ class Restarter:
         now = time.perf_counter()
         outage = self.outage
         if outage is None:
-            outage = self.outage = Outage(since=now, said=now)
+            outage, say, last = self._log.start(now)
+            self.outage = outage
             outage.failed(failed.items())
-            logger.warning(
-                "%s failed in %s(): %s; restarting (an outage: more failures are counted, and "
-                "said when every env answers its steps again)",
-                say_envs(sorted(failed)),
-                name,
-                describe_error(failed[min(failed)]),
-            )
+            if last is not None and last.outages:
+                self._say_tally(last, now, "outages are rare again: each is said")
+            if say:
+                logger.warning(
+                    "%s failed in %s(): %s; restarting (%s)",
+                    say_envs(sorted(failed)),
+                    name,
+                    describe_error(failed[min(failed)]),
+                    "an outage: more failures are counted, and said when every env answers "
+                    "its steps again"
+                    if outage.own
+                    else f"outages are frequent: one line every {SUMMARY_EVERY:g} s sums them up",
+                )
             return outage
         outage.failed(failed.items())
         if outage.due(now):
@@ -180,12 +193,29 @@ class Restarter:
         if outage is None or not outage.calmed():
             return
         self.outage = None
-        back = outage.back if outage.back is not None else time.perf_counter()
+        now = time.perf_counter()
+        if not outage.own:
+            tally = self._log.ended(outage, now)
+            if tally is not None:
+                self._say_tally(tally, now, f"one line every {SUMMARY_EVERY:g} s sums them up")
+            return
+        back = outage.back if outage.back is not None else now
         logger.warning(
             "%s back after %.3g s (%s)",
             say_envs(sorted(outage.envs)),
             back - outage.since,
             outage.counts(),
+        )
+
+    def _say_tally(self, tally: Outage, now: float, then: str) -> None:
+        """Say the counts of the outages summed up since ``tally.since``; ``then``: what next."""
+        logger.warning(
+            "%s: %d outages in %.3g s, each ended (%s); %s",
+            say_envs(sorted(tally.envs)),
+            tally.outages,
+            now - tally.since,
+            tally.counts(),
+            then,
         )
 
     def _end(self) -> str:

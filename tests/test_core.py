@@ -681,3 +681,42 @@ def test_an_outage_counts_failures_and_says_at_most_one_line_per_interval():
         assert not outage.calmed()
     outage.failed([(1, TimeoutError())])  # a failure starts the calm steps over
     assert not outage.calmed()
+
+
+def test_frequent_outages_are_summed_up_in_one_line_per_interval():
+    from aiovec._core.restart import FREQUENT, SUMMARY_EVERY, OutageLog
+
+    log = OutageLog()
+    t = 0.0
+    for _ in range(FREQUENT):  # a few a minute: each says its start and its end
+        outage, say, last = log.start(t)
+        assert (outage.own, say, last) == (True, True, None)
+        assert log.ended(outage, t + 0.5) is None
+        t += 1.0
+    outage, say, last = log.start(t)  # one more within the interval: summing starts, said
+    assert (outage.own, say, last) == (False, True, None)
+    outage.failed([(2, RuntimeError())])
+    outage.restarts = 1
+    assert log.ended(outage, t + 0.5) is None  # counted; a line is not due yet
+    start = t
+    tallies = []
+    for k in range(60):  # one outage a second: nothing said but a tally each interval
+        t += 1.0
+        outage, say, last = log.start(t)
+        assert (outage.own, say, last) == (False, False, None)
+        outage.failed([(k % 5, TimeoutError())])
+        outage.restarts = 2
+        tally = log.ended(outage, t + 0.5)
+        if tally is not None:
+            tallies.append((t + 0.5, tally))
+    ((when, tally),) = tallies
+    assert when - start >= SUMMARY_EVERY
+    assert tally.outages == 1 + int(when - 0.5 - start)
+    assert tally.envs == {0, 1, 2, 3, 4}
+    assert tally.causes == {"RuntimeError": 1, "TimeoutError": tally.outages - 1}
+    assert tally.restarts == 1 + 2 * (tally.outages - 1)
+    # Quiet for an interval: the next outage says its own lines, after the last tally.
+    outage, say, last = log.start(t + SUMMARY_EVERY + 1.0)
+    assert (outage.own, say) == (True, True)
+    assert last is not None
+    assert last.outages == 60 - tally.outages + 1

@@ -16,6 +16,7 @@ import gc
 import logging
 import re
 import time
+import types
 from collections.abc import AsyncIterator
 
 import gymnasium
@@ -310,6 +311,49 @@ async def test_restarts_are_said_per_outage_with_counts_not_per_env_and_step(cap
     )  # (env 1's and 2's autoreset steps after their restarts were not steps of theirs)
     assert messages[2].startswith("env 3 failed in step()")
     assert re.fullmatch(r"env 3 back after .* \(1 restarts; 1 failures: .*\)", messages[3])
+
+
+@pytest.mark.asyncio
+async def test_frequent_outages_are_summed_up_not_said_one_by_one(caplog, monkeypatch):
+    """A fault rate (an outage every 3 s here) is not two lines per fault.
+
+    The outages' clock is the restarter's; the test moves it on by hand.
+    """
+    from aiovec import _restarter
+    from aiovec._core.restart import FREQUENT, SUMMARY_EVERY
+
+    clock = [0.0]
+    monkeypatch.setattr(_restarter, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    policy = aiovec.RestartPolicy(backoff=0.0)
+    outages = 30
+    async with aiovec.AsyncioVectorEnv(flaky(range(6)), on_error=policy) as venv:
+        await venv.reset()
+        for k in range(outages + 1):
+            if k == outages:
+                clock[0] += SUMMARY_EVERY * 2  # quiet for a while: outages are rare again
+            Flaky.down = frozenset({k % 6})
+            await venv.step(np.zeros(6, np.int64))
+            Flaky.down = frozenset()
+            for _ in range(3):  # the outage ends
+                await venv.step(np.zeros(6, np.int64))
+            clock[0] += 3.0
+    messages = [r.getMessage() for r in caplog.records]
+    own = 2 * FREQUENT  # the first outages say their start and end
+    assert [m.endswith(" sums them up)") for m in messages[own : own + 1]] == [True]
+    summaries = [m for m in messages if " outages in " in m]
+    # one line a minute while outages are frequent, and a last one when they are rare again
+    assert len(summaries) == 2, messages
+    assert re.fullmatch(
+        r"envs 0-5: \d+ outages in [0-9.]+ s, each ended \(\d+ restarts; \d+ failures: "
+        r"ConnectionResetError x\d+\); one line every 60 s sums them up",
+        summaries[0],
+    )
+    assert summaries[1].endswith("; outages are rare again: each is said")
+    assert sum(int(m.split(": ")[1].split()[0]) for m in summaries) == outages - FREQUENT
+    assert messages[-2].startswith("env 0 failed in step()")  # said on its own again
+    assert messages[-1].startswith("env 0 back after")
+    assert len(messages) == own + 1 + 2 + 2
 
 
 @pytest.mark.asyncio

@@ -27,8 +27,11 @@ from aiovec._errors import describe_error
 
 __all__ = (
     "CALM_STEPS",
+    "FREQUENT",
     "SAY_EVERY",
+    "SUMMARY_EVERY",
     "Outage",
+    "OutageLog",
     "RestartBook",
     "RestartPolicy",
     "describe_failure",
@@ -181,6 +184,8 @@ class Outage:
     (failures by exception type, restarts); while it lasts, at most one line
     every `SAY_EVERY` seconds (`due`).  Times are the caller's clock.
 
+    The same counts serve an `OutageLog`'s summary of many outages (``outages``).
+
     Attributes:
         since: When its first failure was seen.
         said: When a line about it was said last.
@@ -189,6 +194,9 @@ class Outage:
         restarts: Rebuilds tried (each env counts once per try).
         back: When its last restart succeeded (``None``: none yet).
         calm: Steps in a row, since its last failure, in which no env failed.
+        own: Its start and end are said in lines of their own (else an
+            `OutageLog` counts it in a summary).
+        outages: How many outages the counts cover (a summary's: 0 or more).
     """
 
     since: float
@@ -198,6 +206,8 @@ class Outage:
     restarts: int = 0
     back: float | None = None
     calm: int = 0
+    own: bool = True
+    outages: int = 1
 
     def failed(self, errors: Iterable[tuple[int, BaseException]]) -> None:
         """Count the failures of a step: env index and exception."""
@@ -223,6 +233,77 @@ class Outage:
         causes = ", ".join(f"{kind} x{count}" for kind, count in self.causes.most_common())
         failures = self.causes.total()
         return f"{self.restarts} restarts; {failures} failures: {causes}"
+
+    def add(self, other: Outage) -> None:
+        """Count ``other``'s envs, failures, restarts and outages in these counts."""
+        self.envs |= other.envs
+        self.causes.update(other.causes)
+        self.restarts += other.restarts
+        self.outages += other.outages
+
+
+FREQUENT = 3
+"""More outages than this starting within `SUMMARY_EVERY` seconds are said together."""
+
+SUMMARY_EVERY = 60.0
+"""While outages are frequent, one line every this many seconds sums them up."""
+
+
+@dataclass(slots=True)
+class OutageLog:
+    """Which lines a vector env's outages get: each its own, or a summary while frequent.
+
+    An outage says its start and its end, one line each, until more than
+    `FREQUENT` outages start within `SUMMARY_EVERY` seconds (a fault rate
+    of a fleet of envs, say: two lines per fault would bury the log).  From
+    then on an outage is *summed*: its start and end say nothing, its counts
+    go into ``tally``, and one line every `SUMMARY_EVERY` seconds says the
+    tally (outages, envs, restarts, failures by cause), at the end of an
+    outage (`ended`).  An outage that starts with `FREQUENT` or fewer
+    within the window behind it (itself included) says its own lines again,
+    after the last tally.  What an outage says while it lasts (`Outage.due`)
+    and giving up are said either way.  Times are the caller's clock.
+
+    Attributes:
+        starts: When the outages of the last `SUMMARY_EVERY` seconds started.
+        tally: While outages are summed, the counts not yet said (else ``None``).
+    """
+
+    starts: collections.deque[float] = field(default_factory=collections.deque)
+    tally: Outage | None = None
+
+    def start(self, now: float) -> tuple[Outage, bool, Outage | None]:
+        """An outage starts at ``now``.
+
+        Returns:
+            The outage (its ``own`` says whether its end is said); whether its
+            start is said (its own, or the first summed one, which says that
+            summing starts); the tally to say before it (summing ends), if any.
+        """
+        starts = self.starts
+        starts.append(now)
+        while starts[0] <= now - SUMMARY_EVERY:
+            starts.popleft()
+        frequent = len(starts) > FREQUENT
+        outage = Outage(since=now, said=now, own=not frequent)
+        if not frequent:
+            last, self.tally = self.tally, None
+            return outage, True, last
+        if self.tally is None:
+            self.tally = Outage(since=now, said=now, outages=0)
+            return outage, True, None
+        return outage, False, None
+
+    def ended(self, outage: Outage, now: float) -> Outage | None:
+        """``outage`` ended at ``now``: the tally to say now, if its line is due."""
+        tally = self.tally
+        if outage.own or tally is None:
+            return None
+        tally.add(outage)
+        if now - tally.since < SUMMARY_EVERY:
+            return None
+        self.tally = Outage(since=now, said=now, outages=0)
+        return tally
 
 
 def describe_failure(error: BaseException, operation: str) -> str:
