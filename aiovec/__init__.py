@@ -8,7 +8,7 @@ Envs implement ``async def reset/step`` (or are plain ``gymnasium.Env``);
 
 from aiovec._blocking import BlockingVectorEnv
 from aiovec._collector import Collector
-from aiovec._core.episodes import Episode, EpisodeBatch, rewards_differ
+from aiovec._core.episodes import DiscardedGroup, Episode, EpisodeBatch, rewards_differ
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import State
 from aiovec._core.restart import RestartPolicy
@@ -36,6 +36,7 @@ __all__ = (
     "BlockingVectorEnv",
     "ClosedError",
     "Collector",
+    "DiscardedGroup",
     "EnvError",
     "EnvTimeoutError",
     "Episode",

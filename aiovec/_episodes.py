@@ -14,7 +14,8 @@ driver changes two things in it:
   task (``AsyncioVectorEnv._send_resets``, sent while other envs are in flight
   or a ``recv`` waits).  An env with nothing to run stays idle.
 
-A batch is ready once ``batch_size`` groups finished (and were accepted); when
+A batch is ready once ``batch_size`` groups finished (and were accepted), and
+carries the groups set aside since the batch before (`Groups.discarded`); when
 the tasks run out, the groups in flight finish and the last batch holds what
 is left.
 """
@@ -66,14 +67,19 @@ class EpisodeCollector(_Front[EpisodeBatch]):
             (and is no older when yielded) than it would otherwise.
         accept_group: ``accept_group(episodes) -> bool`` filters finished
             groups (e.g. `aiovec.rewards_differ`); a rejected group frees its
-            place for the next task and is counted in ``rejected``.
+            place for the next task, is counted in ``rejected`` and handed
+            back in the next batch's ``discarded``.
         on_error: What a member whose env failed means (its status is
             ``"error"`` or ``"timeout"``): ``"raise"``; ``"retry"`` it from
             its reset on a free env, up to ``max_retries`` more times, then
-            raise; ``"drop"`` its group (counted in ``failed``); ``"keep"``
-            it in its group with its status.  All but ``"raise"`` need a vector
-            env that restarts failed envs (``on_error="restart"``): without
-            one, an env's failure raises from the vector env itself.
+            raise; ``"drop"`` its group (counted in ``failed``, handed back
+            in ``discarded``); ``"keep"`` it in its group with its status.
+            All but ``"raise"`` need a vector env that restarts failed envs
+            (``on_error="restart"`` or a `aiovec.RestartPolicy`): without
+            one, an env's failure raises from the vector env itself.  The
+            two budgets are apart: ``max_retries`` counts a member's tries;
+            the vector env's restart limit counts an env's failures in a row
+            (a crash loop).
         max_retries: ``on_error="retry"``: tries of a member after its first.
         max_batch: At most this many envs per policy call (``None``: all ready).
         max_wait: Seconds to wait for more ready envs before calling the policy.
@@ -83,7 +89,8 @@ class EpisodeCollector(_Front[EpisodeBatch]):
             ``max_lag + 1`` batches (one `update_policy` per batch: its
             actions are then at most ``max_lag`` versions old when yielded).
             Groups older than that anyway (rejections, retries, more updates
-            per batch) are dropped when finished, counted in ``dropped``.
+            per batch) are dropped when finished, counted in ``dropped`` and
+            handed back in ``discarded``.
         seed: Group ``g`` (the ``g``-th task) is reset with seed ``seed + g``
             in every member (``None``: a base seed drawn at random, kept in
             `state_dict`).
@@ -165,24 +172,28 @@ class EpisodeCollector(_Front[EpisodeBatch]):
 
     @property
     def rejected(self) -> int:
-        """How many finished groups ``accept_group`` rejected so far."""
+        """How many finished groups ``accept_group`` rejected so far (`EpisodeBatch.discarded`)."""
         return self._groups.rejected
 
     @property
     def dropped(self) -> int:
-        """How many finished groups ``max_lag`` dropped so far."""
+        """How many finished groups ``max_lag`` dropped so far (`EpisodeBatch.discarded`)."""
         return self._groups.dropped
 
     @property
     def failed(self) -> int:
-        """How many groups ``on_error="drop"`` dropped so far."""
+        """How many groups ``on_error="drop"`` dropped so far (`EpisodeBatch.discarded`)."""
         return self._groups.failed
 
     def state_dict(self) -> dict[str, Any]:
-        """What resumes the run: the task cursor, the tasks handed out but not yet yielded.
+        """What resumes the run: the task cursor, the tasks not handed back, the episodes.
 
         Take it between batches; give it to `load_state_dict` of a new
-        collector over the same ``tasks`` and ``seed`` to go on.
+        collector over the same ``tasks`` and ``seed`` to go on.  Across the
+        two runs every task handed out comes back once: yielded in a batch's
+        ``groups``, or set aside in a batch's ``discarded``; a task under way
+        when the first run stopped runs again from its reset in the second.
+        ``episode_id`` goes on counting.
         """
         return self._groups.state_dict()
 
@@ -190,7 +201,8 @@ class EpisodeCollector(_Front[EpisodeBatch]):
         """Resume from `state_dict`, before iterating: the pending tasks are given out first.
 
         The first ``cursor`` tasks of ``tasks`` are skipped (they were handed
-        out); each pending task keeps its group number, so its seed too.
+        out); each pending task keeps its group number, so its seed too; the
+        episodes started number on from the saved run's.
         """
         if self._driver.book is not None:
             raise ValueError("load_state_dict() must come before the iteration starts")
@@ -249,9 +261,9 @@ class _EpisodeDriver(_Driver):
                 break  # nothing under way, nothing to start: the tasks ran out
             self._dispatch()
             await self._wait()
-        if not groups.queued:
+        if not groups.queued and not groups.discarded:
             return None
-        return EpisodeBatch(groups.take(self.batch_size))
+        return groups.take(self.batch_size)
 
     async def _launch(self) -> None:
         """Start the next members on the free envs: a reset with their group's seed and task."""
@@ -273,7 +285,8 @@ class _EpisodeDriver(_Driver):
                 break
             env = self.free.pop(0)
             group, index = self.members[env] = member
-            book.begin(env, group.index, index, group.task, group.seed, now)
+            episode_id = self.groups.new_episode()
+            book.begin(env, episode_id, group.index, index, group.task, group.seed, now)
             ids.append(env)
             seeds.append(group.seed)
             options.append(group.task)

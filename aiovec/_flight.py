@@ -125,6 +125,8 @@ class Flight:
                 results, errors = backend.take()
                 self.check_steps(results, errors)
                 if not errors:
+                    if self._restarter.watching:
+                        self._restarter.stepped(results, errors)
                     life.state = before
                     return results
                 outcomes = _given((results, errors))
@@ -189,8 +191,8 @@ class Flight:
                     errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
             if name == "step":
                 self.check_steps(results, errors)
-                if not errors and self._restarter.outage is not None:
-                    self._restarter.calm()  # every env answered: the outage is over
+                if self._restarter.watching:  # an outage, or envs restarted lately
+                    self._restarter.stepped(results, errors)
             while errors and not late and self._restarter.restartable(errors, step=name == "step"):
                 refusal = self._restarter.charge(errors)
                 if refusal:

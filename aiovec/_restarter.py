@@ -4,7 +4,10 @@ The rules are pure and live in ``_core/restart.py`` (`RestartPolicy`: tries,
 backoff and downtime; `RestartBook`: the restart limit).  `Restarter` applies
 them to a failed step: it charges the failed envs a restart (all or none),
 then rebuilds them through the backend and resets them, waiting between tries
-as the policy says, and logs what happens.  The resets are made by the caller's
+as the policy says, and logs what happens.  While it is ``watching`` (an
+outage under way, or envs restarted lately whose clean steps count towards
+starting their limit again), the vector env tells it of every step's
+outcomes (`stepped`).  The resets are made by the caller's
 ``gather`` (`aiovec._flight.Flight.gather`), so timeouts apply to them as to
 any call.  `policy_of` says which policy ``on_error`` means.
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from typing import Any
 
 from aiovec._core import validate
@@ -59,7 +62,7 @@ class Restarter:
             takes the reset-options hook's options).
     """
 
-    __slots__ = ("_autoreset", "_backend", "_book", "_log", "outage", "policy")
+    __slots__ = ("_autoreset", "_backend", "_book", "_log", "outage", "policy", "watching")
 
     def __init__(
         self,
@@ -74,6 +77,8 @@ class Restarter:
         self._autoreset = autoreset
         self.outage: Outage | None = None  # the one under way
         self._log = OutageLog()
+        self.watching = False
+        """Whether `stepped` wants each step's outcomes (an outage, or envs restarted lately)."""
 
     def restartable(self, errors: dict[int, BaseException], *, step: bool) -> bool:
         """Step failures are restarted under a restart policy; Ctrl-C and exits never are."""
@@ -91,17 +96,29 @@ class Restarter:
             else why the step raises instead (nothing is charged).
         """
         policy = self.policy
+        book = self._book
         assert policy is not None
-        now = asyncio.get_running_loop().time()
-        if all(self._book.may_restart(i, now) for i in failed):
-            self._book.record(failed, now)
+        over = [i for i in sorted(failed) if not book.may_restart(i)]
+        if not over:
+            book.record(failed)
+            self.watching = True
             return ""
         refusal = (
-            f"restart limit reached: more than {policy.max_restarts} restarts "
-            f"within {policy.window:g} s"
+            f"restart limit reached: {say_envs(over)} failed {book.in_a_row(over[0]) + 1} "
+            f"times in a row, never {policy.clean_steps} clean steps between, "
+            f"RestartPolicy(max_restarts={policy.max_restarts}): a crash loop"
         )
         logger.warning("%s: giving up: %s%s", say_envs(sorted(failed)), refusal, self._end())
         return refusal
+
+    def stepped(self, results: Container[int], errors: Mapping[int, BaseException]) -> None:
+        """A step's outcomes (while `watching`): clean steps count, an outage may end."""
+        book = self._book
+        if book.watching:
+            book.stepped(results)
+        if not errors and self.outage is not None:
+            self.calm()  # every env answered: the outage may be over
+        self.watching = self.outage is not None or book.watching
 
     async def restart(
         self, failed: dict[int, BaseException], name: str, gather: Gather
@@ -115,6 +132,7 @@ class Restarter:
         assert policy is not None
         messages = {i: describe_failure(error, f"{name}()") for i, error in failed.items()}
         outage = self._failed(failed, name)
+        self.watching = True
         rows: dict[int, Any] = {}
         todo: dict[int, BaseException] = dict(failed)
         since = time.perf_counter()

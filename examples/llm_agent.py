@@ -11,7 +11,9 @@ a number-guessing game whose observations are text ("guess a number from 0 to
 `aiovec.EpisodeCollector` runs each task 4 times (a group, all reset with the
 group's seed) on whichever envs are free, the policy's calls in flight
 together, and yields groups as they finish; groups whose returns are all equal
-carry no signal and are rejected (`aiovec.rewards_differ`).  The learner is
+carry no signal and are rejected (`aiovec.rewards_differ`), handed back in
+each batch's ``discarded``.  The tasks are a stream that never runs out: the
+more groups are rejected, the more tasks a batch takes.  The learner is
 GRPO's in one parameter: each episode's advantage is its return against its
 group's mean, and ``theta`` climbs the policy gradient of the sampled choices.
 
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -190,29 +193,38 @@ class Agent:
         self.theta += lr * grad / max(1, count)
 
 
+def tasks_forever(seed: int) -> Iterator[dict[str, Any]]:
+    """A stream of tasks that cannot run out, however many groups are rejected."""
+    rng = random.Random(seed)
+    while True:
+        yield {"target": rng.randrange(TOP)}
+
+
 async def main() -> None:
     num_envs, batches = (4, 6) if QUICK else (16, 40)
     group_size, batch_size = 4, 2 if QUICK else 4
-    rng = random.Random(0)
-    tasks = [{"target": rng.randrange(TOP)} for _ in range(batches * batch_size * 2)]
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = Client(port)
     agent = Agent(client, num_envs)
     venv = aiovec.AsyncioVectorEnv([GuessEnv] * num_envs)
     solved: list[float] = []
+    easy = hard = 0  # rejected groups: every member solved its task, or none did
     try:
         async with aiovec.EpisodeCollector(
             venv,
             agent,
             batch_size=batch_size,
             group_size=group_size,
-            tasks=tasks,
+            tasks=tasks_forever(0),
             accept_group=aiovec.rewards_differ,
             max_policy_calls=None,  # the server serves each env's request as it comes
             seed=0,
         ) as collector:
             async for batch in collector:
+                for group in batch.discarded:  # rejected: what each task came to
+                    easy += all(e.terminated for e in group.episodes)
+                    hard += not any(e.terminated for e in group.episodes)
                 solved.append(float(np.mean([e.terminated for e in batch.episodes])))
                 agent.learn(batch.groups)
                 collector.update_policy()
@@ -228,7 +240,8 @@ async def main() -> None:
     third = max(1, len(solved) // 3)
     print(
         f"{len(solved)} batches of {batch_size} groups of {group_size} ({rejected} groups "
-        f"rejected: all returns equal); solved {np.mean(solved[:third]):.0%} of episodes at "
+        f"rejected: all returns equal; {easy} solved by every member, {hard} by none); "
+        f"solved {np.mean(solved[:third]):.0%} of episodes at "
         f"first, {np.mean(solved[-third:]):.0%} at the end; P(bisect) = {sigmoid(agent.theta):.2f}"
     )
     assert len(solved) == batches

@@ -138,7 +138,7 @@ async def main() -> None:
             [make_env] * NUM_ENVS,
             step_timeout=1.0,  # seconds a step may take; a late env fails (and is restarted)
             reset_timeout=5.0,  # resets connect: give them longer
-            on_error=aiovec.RestartPolicy(attempts=3, backoff=0.05, max_restarts=5, window=60),
+            on_error=aiovec.RestartPolicy(attempts=3, backoff=0.05, max_restarts=5),
             max_concurrency=16,  # at most 16 requests in flight to the server
         )
         async with venv:  # closes every env (and its connection) on the way out

@@ -386,3 +386,43 @@ def test_aclose_beside_a_cancellation_keeps_it(kind: str) -> None:
                 await venv.reset(seed=t)
 
     asyncio.run(main())
+
+
+def lanes_of(venv: aiovec.AsyncioVectorEnv[Any, Any]) -> set[asyncio.Task[Any]]:
+    """The inline backend's lanes: a task per env that waited, living with the vector env.
+
+    (`aiovec.backends._lanes`: an env's lane carries its calls that suspend from
+    one to the next, and ends with the vector env, or when its call is cancelled.)
+    """
+    lanes = getattr(venv._backend, "_lanes", None)
+    return set() if lanes is None else {t for t in lanes._tasks if t is not None}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_no_task_of_a_collector_outlives_its_loop(backend: str, kind: str) -> None:
+    """Whichever way the loop is left, the tasks left are the vector env's own lanes."""
+    rng = random.Random(f"tasks-{backend}-{kind}")
+
+    async def main() -> None:
+        venv = aiovec.AsyncioVectorEnv([QuickEnv] * 16, backend=backend, num_workers=2)
+        async with venv:
+            before = asyncio.all_tasks()
+            ways = [*WAYS.values(), *WAYS.values()]
+            for t, way in enumerate(ways):
+                policy = ServerPolicy(t)
+                async with asyncio.timeout(HANG):
+                    await way(venv, policy, rng.randint(1, 3))
+                await asyncio.sleep(0)  # the cancelled ones unwind
+                left = asyncio.all_tasks() - before
+                assert left <= lanes_of(venv), f"{left - lanes_of(venv)} outlived the loop"
+                await venv.reset(seed=t)
+            for t in range(4):
+                await close_from_another_task(kind, venv, rng, t)
+                await asyncio.sleep(0)
+                left = asyncio.all_tasks() - before
+                assert left <= lanes_of(venv), f"{left - lanes_of(venv)} outlived the loop"
+                await venv.reset(seed=t)
+        assert asyncio.all_tasks() == before  # closed: the lanes are gone too
+
+    asyncio.run(main())

@@ -657,8 +657,8 @@ def test_latency_and_restart_books_take_no_memory_per_env_until_used():
     assert used < n * 10  # a list slot per env (8 bytes) at most
     latency, restarts = books
     latency.record(7, 0.5)
-    assert restarts.may_restart(7, now=0.0)
-    restarts.record([7], now=0.0)
+    assert restarts.may_restart(7)
+    restarts.record([7])
     assert latency.summary().count[7] == 1
     assert latency.summary().count.sum() == 1
 

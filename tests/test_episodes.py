@@ -214,8 +214,17 @@ def test_a_rejected_group_is_replaced_by_the_next_task(backend: str, front_end: 
         )
     finally:
         adapter.shutdown()
-    assert [[g[0].group_id for g in b.groups] for b in batches] == [[0, 2], [4, 6]]
+    # the last group is rejected after the last full batch: a last batch carries it alone
+    assert [[g[0].group_id for g in b.groups] for b in batches] == [[0, 2], [4, 6], []]
+    assert [[d.group_id for d in b.discarded] for b in batches] == [[1], [3, 5], [7]]
     assert collector.rejected == 4
+    for discarded in (d for b in batches for d in b.discarded):  # handed back whole
+        assert discarded.reason == "rejected"
+        assert discarded.task == tasks[discarded.group_id]
+        assert discarded.seed == SEED + discarded.group_id
+        assert [e.index for e in discarded.episodes] == [0, 1]
+        for episode in discarded.episodes:
+            check_alone(fns[episode.env_id], episode)
 
 
 def _episode(rewards: list[float]) -> aiovec.Episode:
@@ -295,6 +304,11 @@ def test_a_failed_members_group_is_dropped(backend: str, front_end: str) -> None
     ids = sorted(g[0].group_id for b in batches for g in b.groups)
     assert len(ids) == 5
     assert collector.failed == 1
+    ((failed,),) = [b.discarded for b in batches if b.discarded]
+    assert failed.reason == "failed"
+    assert failed.task == {"length": 5, "task": failed.group_id}
+    assert sorted([*ids, failed.group_id]) == list(range(6))
+    assert "error" in [e.status for e in failed.episodes]  # the member that failed, with why
     for episode in (e for b in batches for e in b.episodes):
         assert episode.status == "ok"
         check_alone(fns[episode.env_id], episode)
@@ -347,11 +361,23 @@ def test_a_failed_member_raises(backend: str, front_end: str) -> None:
 
 
 def test_retries_are_bounded(front_end: str) -> None:
-    """An env that always fails: the member is tried 1 + max_retries times, then it raises."""
-    with pytest.raises(aiovec.EnvError, match="after 3 tries"):
+    """An env that always fails: the member is tried 1 + max_retries times, then it raises.
+
+    The error names the budget and the ways on, and the env's error once.
+    """
+    with pytest.raises(aiovec.EnvError) as caught:
         run_faulty(
             front_end, "inline", _faulty_every_build, on_error="restart", on_error_of="retry"
         )
+    message = str(caught.value)
+    assert "its try 3 of 3: on_error='retry' with max_retries=2 gives up" in message
+    assert "raise max_retries, or pass on_error='drop'" in message
+    assert "or 'keep' (kept with its status)" in message
+    assert message.count("RuntimeError") == 1, message
+    assert message.endswith(
+        "RuntimeError: injected failure in step #2 (in step(); the env was rebuilt and reset)"
+    )
+    assert type(caught.value.__cause__) is RuntimeError
 
 
 def _faulty_every_build(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -421,8 +447,9 @@ def test_max_lag_drops_what_admission_could_not_keep(front_end: str) -> None:
         return plain(obs, env_ids)
 
     def each(collector: aiovec.EpisodeCollector, batch: aiovec.EpisodeBatch) -> None:
-        oldest = min(int(e.versions.min()) for e in batch.episodes)
-        assert oldest >= collector.policy_version - 1
+        if batch.groups:
+            oldest = min(int(e.versions.min()) for e in batch.episodes)
+            assert oldest >= collector.policy_version - 1
 
     tasks = tasks_of(12)
     try:
@@ -432,7 +459,12 @@ def test_max_lag_drops_what_admission_could_not_keep(front_end: str) -> None:
     finally:
         adapter.shutdown()
     assert collector.dropped > 0
-    assert sum(len(b.groups) for b in batches) + collector.dropped == 12
+    dropped = [d for b in batches for d in b.discarded]
+    assert {d.reason for d in dropped} == {"dropped"}
+    assert len(dropped) == collector.dropped
+    assert [len(d.episodes) for d in dropped] == [2] * len(dropped)  # finished, then dropped
+    yielded = [g[0].group_id for b in batches for g in b.groups]
+    assert sorted(yielded + [d.group_id for d in dropped]) == list(range(12))
 
 
 def _resume(front_end: str, backend: str, stop_after: int) -> list[list[aiovec.Episode]]:
@@ -452,12 +484,40 @@ def _resume(front_end: str, backend: str, stop_after: int) -> list[list[aiovec.E
         adapter.shutdown()
     groups = [g for b in [*first, *rest] for g in b.groups]
     check_groups(fns, [*first, *rest], tasks, 2, runs=2)
+    ids = [e.episode_id for b in [*first, *rest] for e in b.episodes]
+    assert len(set(ids)) == len(ids), "an episode_id came twice across the resumed run"
     return groups
 
 
 def test_a_run_resumed_from_state_dict_yields_every_task_once(backend: str, front_end: str) -> None:
     groups = _resume(front_end, backend, stop_after=2)
     assert len(groups) == 11
+
+
+def test_a_resumed_run_hands_back_every_task_once_yielded_or_set_aside(front_end: str) -> None:
+    """With rejections: each task once, in a batch's groups or its discarded; ids unique."""
+    fns = space_env_fns(N, max_len=4)
+    tasks = tasks_of(12)
+    adapter = open_front_end(front_end, fns)
+    kwargs: dict[str, Any] = {"group_size": 2, "tasks": tasks, "accept_group": _even_groups_only}
+    try:
+        policy = random_policy(adapter.venv.single_action_space)
+        first, collector = run_episodes(adapter, policy, batches=1, **kwargs)
+        state = collector.state_dict()
+        rest, resumed = run_episodes(adapter, policy, state=state, **kwargs)
+    finally:
+        adapter.shutdown()
+    batches = [*first, *rest]
+    yielded = [g[0].group_id for b in batches for g in b.groups]
+    discarded = [d.group_id for b in batches for d in b.discarded]
+    assert sorted(yielded + discarded) == list(range(12))
+    assert set(discarded) == set(range(1, 12, 2))
+    assert resumed.rejected == len(discarded)
+    episodes = [
+        e for b in batches for e in [*b.episodes, *(x for d in b.discarded for x in d.episodes)]
+    ]
+    ids = [e.episode_id for e in episodes]
+    assert len(set(ids)) == len(ids), "an episode_id came twice across the resumed run"
 
 
 def _zeros(obs: Any, env_ids: np.ndarray) -> np.ndarray:
@@ -524,9 +584,17 @@ def test_a_bad_task_from_an_iterator_is_named() -> None:
     ("state", "error", "message"),
     [
         ([1], TypeError, "state must be a dict from state_dict(), got list"),
-        ({"cursor": 1}, ValueError, "state lacks ['dropped', 'failed', 'pending'"),
+        ({"cursor": 1}, ValueError, "state lacks ['dropped', 'episodes', 'failed', 'pending'"),
         (
-            {"cursor": 9, "pending": [], "seed": 0, "rejected": 0, "dropped": 0, "failed": 0},
+            {
+                "cursor": 9,
+                "pending": [],
+                "seed": 0,
+                "rejected": 0,
+                "dropped": 0,
+                "failed": 0,
+                "episodes": 0,
+            },
             ValueError,
             "state's cursor is 9 but tasks ran out after 2",
         ),
@@ -550,3 +618,113 @@ def test_each_front_end_iterates_its_own_way() -> None:
             collector.__aiter__()
     finally:
         adapter.shutdown()
+
+
+# -- a sandbox fleet: a fault rate is not a crash loop ------------------------------------
+
+# docs/collector.md's settings for a sandbox fleet (step_timeout scaled down to a test's)
+FLEET_RESTARTS = aiovec.RestartPolicy(max_downtime=60.0, max_backoff=5.0)
+FLEET_COLLECTOR: dict[str, Any] = {"on_error": "retry", "max_retries": 20}
+
+
+class Sandbox(aiovec.AsyncEnv[np.ndarray, int]):
+    """A sandbox of a fleet: 2% of its steps raise, 1% hang (past ``step_timeout``).
+
+    Its faults come from a generator of its own, not from its seeded one: a
+    member retried from its group's seed must not meet the same fault again.
+    ``always_fails``: every step raises (a broken image).
+    """
+
+    observation_space = gymnasium.spaces.Box(0.0, 50.0, (1,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+    built = 0
+
+    def __init__(self, always_fails: bool = False) -> None:
+        Sandbox.built += 1
+        self.faults = np.random.default_rng(Sandbox.built)
+        self.always_fails = always_fails
+        self.t = self.length = 0
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        await super().reset(seed=seed)
+        self.t, self.length = 0, int(self.np_random.integers(8, 25))
+        return np.zeros(1, np.float32), {}
+
+    async def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        await asyncio.sleep(0)
+        fault = self.faults.random()
+        if self.always_fails or fault < 0.02:
+            raise RuntimeError("the sandbox crashed")
+        if fault < 0.03:
+            await asyncio.Event().wait()  # hangs: step_timeout cancels it
+        self.t += 1
+        reward = float(self.np_random.random() < 0.5)
+        return np.full(1, self.t, np.float32), reward, self.t >= self.length, False, {}
+
+
+def fleet(fns: list[Callable[[], Any]], backend: str) -> aiovec.AsyncioVectorEnv[Any, Any]:
+    return aiovec.AsyncioVectorEnv(
+        fns, backend=backend, num_workers=2, step_timeout=0.05, on_error=FLEET_RESTARTS
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["inline", "process"])
+def test_a_sandbox_fleet_with_a_fault_rate_completes_its_batches(backend: str) -> None:
+    """16 sandboxes, groups of 8: 12 batches with the documented settings, every group whole.
+
+    Episodes of 8-24 steps, so that about 40% of the tries of a member fail, and each
+    sandbox fails some 20 times: more than the restart limit of an earlier rule (10
+    restarts per env within 300 s) allowed.
+    """
+    tasks = [{"task": k} for k in range(1000)]
+
+    async def main() -> tuple[list[aiovec.EpisodeBatch], int]:
+        batches: list[aiovec.EpisodeBatch] = []
+        async with fleet([Sandbox] * 16, backend) as venv:
+            collector = aiovec.EpisodeCollector(
+                venv, _zeros, batch_size=4, group_size=8, tasks=tasks, seed=0, **FLEET_COLLECTOR
+            )
+            async with collector:
+                async for batch in collector:
+                    batches.append(batch)
+                    if len(batches) == 12:
+                        break
+            return batches, collector.failed
+
+    batches, failed = asyncio.run(main())
+    assert len(batches) == 12
+    assert failed == 0
+    started = max(e.episode_id for b in batches for e in b.episodes) + 1
+    assert started > 1.3 * 12 * 4 * 8  # a third of the members were tried again, or more
+    for batch in batches:
+        assert [len(g) for g in batch.groups] == [8] * 4
+        assert {e.status for e in batch.episodes} == {"ok"}  # failed tries were retried
+        for group in batch.groups:
+            assert {e.task["task"] for e in group} == {group[0].group_id}
+
+
+@pytest.mark.timeout(60)
+def test_a_sandbox_that_always_fails_still_ends_in_the_restart_limit() -> None:
+    """A crash loop among the fleet: the restart limit names it, retries or not."""
+    fns: list[Callable[[], Any]] = [Sandbox] * 16
+    fns[5] = functools.partial(Sandbox, always_fails=True)
+
+    async def main() -> None:
+        async with fleet(fns, "inline") as venv:
+            tasks = [{"task": k} for k in range(1000)]
+            collector = aiovec.EpisodeCollector(
+                venv, _zeros, batch_size=2, group_size=8, tasks=tasks, seed=0, **FLEET_COLLECTOR
+            )
+            async with collector:
+                async for _ in collector:
+                    pass
+
+    with pytest.raises(aiovec.EnvError) as caught:
+        asyncio.run(main())
+    assert caught.value.env_index == 5
+    assert "restart limit reached: env 5 failed 11 times in a row, never 5 clean steps" in str(
+        caught.value
+    )

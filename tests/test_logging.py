@@ -264,7 +264,8 @@ async def test_a_restart_and_giving_up_are_logged(caplog):
         with pytest.raises(aiovec.EnvError, match="restart limit reached"):
             await venv.step(np.zeros(2, np.int64))
     assert caplog.records[-1].getMessage() == (
-        "env 1: giving up: restart limit reached: more than 1 restarts within 300 s "
+        "env 1: giving up: restart limit reached: env 1 failed 2 times in a row, never 5 "
+        "clean steps between, RestartPolicy(max_restarts=1): a crash loop "
         "(1 restarts; 1 failures: TypeError x1)"
     )
     assert len(caplog.records) == 2

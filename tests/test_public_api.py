@@ -22,6 +22,7 @@ PUBLIC = {
     "BlockingVectorEnv",
     "ClosedError",
     "Collector",
+    "DiscardedGroup",
     "EnvError",
     "EnvTimeoutError",
     "Episode",

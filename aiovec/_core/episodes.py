@@ -10,12 +10,17 @@ Two pure parts, told what happens by the collector's driver:
   free envs, oldest group first; a group that finished is filtered
   (``accept``), queued, and taken in batches; ``on_error`` decides what a
   failed member means; ``max_lag`` admits no group that could not be in a
-  batch within that many versions.  Its state (`Groups.state_dict`) is the
-  task cursor and the tasks handed out but not yet taken.
+  batch within that many versions.  A group set aside (rejected, dropped by
+  ``max_lag``, failed under ``on_error="drop"``) becomes a `DiscardedGroup`,
+  handed to the user with the next batch.  Its state (`Groups.state_dict`) is
+  the task cursor, the tasks handed out but not yet handed back (in a batch's
+  groups or its discarded), and how many episodes were started.
 """
 
 from __future__ import annotations
 
+import builtins
+import collections
 import itertools
 import time
 from collections import deque
@@ -31,7 +36,9 @@ from aiovec._core.segments import Book, tree_map
 from aiovec._errors import EnvError, EnvTimeoutError
 
 __all__ = (
+    "DISCARDED",
     "ON_ERROR",
+    "DiscardedGroup",
     "Episode",
     "EpisodeBatch",
     "EpisodeBook",
@@ -96,15 +103,54 @@ class Episode:
         return len(self.rewards)
 
 
+DISCARDED = ("rejected", "dropped", "failed")
+"""Why a group is set aside: `DiscardedGroup.reason`."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DiscardedGroup:
+    """A group the `aiovec.EpisodeCollector` set aside instead of yielding it.
+
+    Handed over in the next batch's `EpisodeBatch.discarded`, so that a
+    trainer sees what each task came to (a curriculum that tracks pass rates,
+    a task to try again later) without working it out by elimination.
+
+    Attributes:
+        reason: ``"rejected"``: ``accept_group`` returned false;
+            ``"dropped"``: ``max_lag``: it held actions older than that when
+            it finished; ``"failed"``: ``on_error="drop"``: a member's env
+            failed.
+        group_id: Its number: the index of its task.
+        task: Its task (the reset options; ``None`` without tasks).
+        seed: The seed its members were reset with.
+        episodes: Its members that ended, in member order: every member of
+            a rejected or dropped group; of a failed group, the failed member
+            (its ``status`` says how) and those that ended besides it (its
+            members that had not started are missing).
+    """
+
+    reason: str
+    group_id: int
+    task: dict[str, Any] | None
+    seed: int
+    episodes: list[Episode]
+
+
 @dataclass(frozen=True, slots=True)
 class EpisodeBatch:
     """``batch_size`` groups of ``group_size`` episodes, in the order the groups finished.
 
     Attributes:
         groups: The groups; ``groups[g][k]`` is member ``k`` of group ``g``.
+        discarded: The groups set aside (rejected, dropped, failed) since the
+            batch before, in the order they were.  Each group handed out is
+            either yielded in one batch's ``groups`` or set aside in one
+            batch's ``discarded``: when the last groups of a run are all set
+            aside, the last batch has no ``groups``, only ``discarded``.
     """
 
     groups: list[list[Episode]]
+    discarded: list[DiscardedGroup] = field(default_factory=list)
 
     @property
     def episodes(self) -> list[Episode]:
@@ -153,15 +199,21 @@ class EpisodeBook(Book):
         super().__init__(observation_space, action_space, num_envs)
         self.running: dict[int, _Running] = {}
         self.ended: list[Episode] = []
-        self.started = 0  # episodes begun
 
     def begin(  # noqa: PLR0917  (what an episode is started with)
-        self, env_id: int, group_id: int, index: int, task: Any, seed: int, now: float
+        self,
+        env_id: int,
+        episode_id: int,
+        group_id: int,
+        index: int,
+        task: Any,
+        seed: int,
+        now: float,
     ) -> None:
-        """Env ``env_id`` starts an episode (its reset is sent)."""
+        """Env ``env_id`` starts episode ``episode_id`` (its reset is sent)."""
         head = {
             "env_id": env_id,
-            "episode_id": self.started,
+            "episode_id": episode_id,
             "group_id": group_id,
             "index": index,
             "task": task,
@@ -169,7 +221,6 @@ class EpisodeBook(Book):
             "start_time": now,
         }
         self.running[env_id] = _Running(head)
-        self.started += 1
 
     def acted(self, ids: np.ndarray, actions: Any, extras: Mapping[str, Any], version: int) -> None:
         """The policy (``version``) chose ``actions`` (and ``extras``) for envs ``ids``."""
@@ -235,10 +286,14 @@ class _Group:
     waiting: deque[int]
     tries: list[int]
     running: int = 0
-    failed: bool = False  # on_error="drop": its episodes are thrown away
+    failed: bool = False  # on_error="drop": it is set aside once its members are out
 
     def oldest(self) -> int:
         return min(int(e.versions.min()) for e in self.members if e is not None and len(e))
+
+    def discarded(self, reason: str) -> DiscardedGroup:
+        episodes = [e for e in self.members if e is not None]
+        return DiscardedGroup(reason, self.index, self.task, self.seed, episodes)
 
 
 def check_task(task: object, where: str) -> dict[str, Any] | None:
@@ -291,6 +346,8 @@ class Groups:
         self.queued: deque[_Group] = deque()  # finished and accepted, not taken yet
         self.exhausted = False
         self.rejected = self.dropped = self.failed = 0
+        self.discarded: list[DiscardedGroup] = []  # set aside, not yet handed to the user
+        self.episodes = 0  # episodes started: the next one's episode_id
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -305,6 +362,11 @@ class Groups:
     def _started(self, group: _Group) -> tuple[_Group, int]:
         group.running += 1
         return group, group.waiting.popleft()
+
+    def new_episode(self) -> int:
+        """A new episode's ``episode_id``: unique across a run and the runs resumed from it."""
+        self.episodes += 1
+        return self.episodes - 1
 
     def _admit(self) -> _Group | None:
         if len(self.in_flight) >= self.max_in_flight:
@@ -336,16 +398,18 @@ class Groups:
         group.running -= 1
         if episode.status != "ok" and not group.failed:
             self._failed(group, index, episode)
-        elif not group.failed:
+        else:
             group.members[index] = episode
         if group.running or group.waiting:
             return
         del self.in_flight[group.index]
         if group.failed:
+            self.discarded.append(group.discarded("failed"))
             return
         members = [e for e in group.members if e is not None]
         if self.accept is not None and not self.accept(members):
             self.rejected += 1  # its place is free: the next task takes it
+            self.discarded.append(group.discarded("rejected"))
             return
         self.queued.append(group)
 
@@ -357,35 +421,48 @@ class Groups:
         if on_error == "drop":
             group.failed = True
             group.waiting.clear()
+            group.members[index] = episode
             self.failed += 1
             return
         if on_error == "retry" and group.tries[index] < self.max_retries:
             group.tries[index] += 1
             group.waiting.appendleft(index)
             return
-        tries = f" after {group.tries[index] + 1} tries" if on_error == "retry" else ""
-        kind = EnvTimeoutError if episode.status == "timeout" else EnvError
-        cause = (TimeoutError if episode.status == "timeout" else RuntimeError)(
-            episode.infos[-1]["error"]
-        )
-        raise kind(
-            {episode.env_id: cause},
-            f"episode {episode.episode_id} (member {index} of group {group.index}){tries}",
-        )
+        where = f"episode {episode.episode_id} (member {index} of group {group.index}"
+        if on_error == "retry":
+            tries = group.tries[index] + 1
+            where += (
+                f", its try {tries} of {tries}: on_error='retry' with max_retries="
+                f"{self.max_retries} gives up; raise max_retries, or pass on_error='drop' "
+                "(its group is set aside) or 'keep' (kept with its status) to go on"
+            )
+        timeout = episode.status == "timeout"
+        kind = EnvTimeoutError if timeout else EnvError
+        raise kind({episode.env_id: _cause(episode.infos[-1]["error"], timeout)}, where + ")")
 
     @property
     def done(self) -> bool:
         """No group is under way and none can start: the tasks ran out."""
         return not self.in_flight and not self.again and self.exhausted
 
-    def take(self, size: int) -> list[list[Episode]]:
-        """Up to ``size`` finished groups, the first to finish first."""
+    def take(self, size: int) -> EpisodeBatch:
+        """A batch: up to ``size`` finished groups, and those set aside since the last one.
+
+        The first groups to finish come first.
+        """
         taken = [self.queued.popleft() for _ in range(min(size, len(self.queued)))]
-        return [[e for e in g.members if e is not None] for g in taken]
+        groups = [[e for e in g.members if e is not None] for g in taken]
+        discarded, self.discarded = self.discarded, []
+        return EpisodeBatch(groups, discarded)
 
     def drop_older_than(self, version: int) -> int:
         """Drop finished groups with an action of a policy before ``version``; how many."""
-        kept = deque(g for g in self.queued if g.oldest() >= version)
+        kept: deque[_Group] = deque()
+        for group in self.queued:
+            if group.oldest() >= version:
+                kept.append(group)
+            else:
+                self.discarded.append(group.discarded("dropped"))
         dropped = len(self.queued) - len(kept)
         self.queued = kept
         self.dropped += dropped
@@ -400,17 +477,23 @@ class Groups:
     # -- resuming -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The task cursor and the tasks handed out but not yet taken (to give out again)."""
+        """The task cursor, the tasks not handed back (to give out again), the counts.
+
+        Also the episodes started: the next ``episode_id``.
+        """
         pending = [*self.again]
         pending += [(g.index, g.task) for g in self.in_flight.values()]
         pending += [(g.index, g.task) for g in self.queued]
+        pending += [(g.group_id, g.task) for g in self.discarded]
+        unsaid = collections.Counter(g.reason for g in self.discarded)  # run again: not counted
         return {
             "cursor": self.cursor,
             "pending": sorted(pending, key=lambda p: p[0]),
             "seed": self.seed,
-            "rejected": self.rejected,
-            "dropped": self.dropped,
-            "failed": self.failed,
+            "rejected": self.rejected - unsaid["rejected"],
+            "dropped": self.dropped - unsaid["dropped"],
+            "failed": self.failed - unsaid["failed"],
+            "episodes": self.episodes,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -419,7 +502,8 @@ class Groups:
             raise TypeError(
                 f"state must be a dict from state_dict(), got {validate.describe(state)}"
             )
-        missing = {"cursor", "pending", "seed", "rejected", "dropped", "failed"} - set(state)
+        missing = {"cursor", "pending", "seed", "rejected", "dropped", "failed", "episodes"}
+        missing -= set(state)
         if missing:
             raise ValueError(f"state lacks {sorted(missing)}: give what state_dict() returned")
         if self.cursor or self.in_flight or self.queued or self.again:
@@ -438,3 +522,21 @@ class Groups:
         self.seed = int(state["seed"])
         self.rejected, self.dropped = int(state["rejected"]), int(state["dropped"])
         self.failed = int(state["failed"])
+        self.episodes = int(state["episodes"])
+
+
+def _cause(text: str, timeout: bool) -> Exception:
+    """The exception a failed member's ``infos["error"]`` (``"Type: message (in ...)"``) says.
+
+    The env's own exception stayed in the vector env; its built-in type (a
+    ``ConnectionResetError``, a ``TimeoutError``) is made again with its message,
+    any other comes back as a ``RuntimeError`` (``TimeoutError``) with the whole text.
+    """
+    name, colon, message = text.partition(": ")
+    kind = getattr(builtins, name, None)
+    if colon and isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            return kind(message)
+        except Exception:
+            pass
+    return (TimeoutError if timeout else RuntimeError)(text)

@@ -5,20 +5,23 @@ whether an env may be restarted once more, and asks
 `RestartPolicy.wait_before` how long to wait before each attempt to rebuild
 and reset it (or whether to give up).
 
-The limit (ML-Agents' model): at most ``max_restarts`` restarts of one env
-within any ``window`` seconds; the failure that would be one more raises
-instead.  Each env has its own budget; a restart leaves the window
-``window`` seconds after it happened.  When several envs fail in one step and
-one of them is over its limit, the step raises and restarts none of them, so
-none of them should be charged: check every env with `RestartBook.may_restart`
-first, then `RestartBook.record` the restarts that really happen.
+The limit tells a crash loop from a fault rate, as a crash-loop backoff does:
+an env restarted ``max_restarts`` times *in a row* (never ``clean_steps``
+clean steps between two of its failures) is crash-looping, and its next
+failure raises instead; a run of ``clean_steps`` clean steps starts its count
+again, so an env that fails now and then and works in between is restarted
+as often as it fails.  Each env has its own count.  When several envs fail in
+one step and one of them is over its limit, the step raises and restarts none
+of them, so none of them should be charged: check every env with
+`RestartBook.may_restart` first, then `RestartBook.record` the restarts that
+really happen.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,18 +60,25 @@ class RestartPolicy:
     env is tried as often as the backoff allows within ``max_downtime``.  The
     last failure is then raised as `aiovec.EnvError`.
 
-    One env is restarted at most ``max_restarts`` times within any ``window``
-    seconds: a failure that would need one more restart is taken for a crash
-    loop, and the step raises `aiovec.EnvError` instead, so a dead server
-    fails loudly.  Each env has a budget of its own.
+    One env is restarted at most ``max_restarts`` times in a row, without a
+    run of ``clean_steps`` clean steps between two of its failures: a failure
+    that would need one more is taken for a crash loop, and the step raises
+    `aiovec.EnvError` instead (naming the env and the limit), so a dead
+    server fails loudly.  A run of ``clean_steps`` clean steps starts the
+    env's count again: a fleet whose envs fail now and then (a sandbox's
+    fault rate) is restarted as often as it fails.  Each env has a count of
+    its own; ``reset()`` does not start it again.
 
     Attributes:
         attempts: Most tries to rebuild and reset a failed env (``None``: 3,
             or no limit of its own when ``max_downtime`` is given).
         backoff: Seconds to wait before the second try.
         max_backoff: Upper bound of the wait between tries.
-        max_restarts: Restarts allowed per env within ``window`` seconds.
-        window: The sliding window for ``max_restarts``, in seconds.
+        max_restarts: Restarts of one env in a row (fewer than
+            ``clean_steps`` clean steps between its failures) before its next
+            failure raises.
+        clean_steps: Clean steps of an env in a row that start its count of
+            restarts again.
         max_downtime: Seconds after the failure during which tries may start
             (``None``: no limit of time, only ``attempts``).
 
@@ -82,17 +92,17 @@ class RestartPolicy:
     backoff: float = 0.1
     max_backoff: float = 5.0
     max_restarts: int = 10
-    window: float = 300.0
+    clean_steps: int = 5
     max_downtime: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("attempts", "max_restarts"):
+        for name in ("attempts", "max_restarts", "clean_steps"):
             value = getattr(self, name)
             if value is None and name == "attempts":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RestartPolicy.{name} must be an int >= 1, got {value!r}")
-        for name in ("backoff", "max_backoff", "window"):
+        for name in ("backoff", "max_backoff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"RestartPolicy.{name} must be a number >= 0, got {value!r}")
@@ -136,34 +146,46 @@ class RestartPolicy:
 
 
 class RestartBook:
-    """When each env was restarted, within the policy's window.
+    """How many times each env was restarted in a row, and its clean steps since.
 
-    Only envs ever restarted have an entry (an empty deque per env would be
-    0.75 KB each, most of aiovec's memory per env at 100,000 envs).
+    Only envs restarted lately have entries (a per-env structure would cost
+    memory at 100,000 envs): an env leaves the book once ``clean_steps``
+    clean steps in a row have started its count again.
     """
 
     def __init__(self, policy: RestartPolicy, num_envs: int) -> None:
-        del num_envs  # envs 0..num_envs-1 get their entry when first restarted
+        del num_envs  # envs 0..num_envs-1 get their entry when restarted
         self.policy = policy
-        self._times: dict[int, collections.deque[float]] = {}
+        self._in_a_row: dict[int, int] = {}
+        self._clean: dict[int, int] = {}  # clean steps since its last restart
 
-    def _recent(self, i: int, now: float) -> collections.deque[float]:
-        """Env ``i``'s restarts still inside the window ending at ``now``."""
-        times = self._times.get(i)
-        if times is None:
-            times = self._times[i] = collections.deque()
-        while times and times[0] <= now - self.policy.window:
-            times.popleft()
-        return times
+    @property
+    def watching(self) -> bool:
+        """Whether some env's clean steps are counted (it was restarted lately)."""
+        return bool(self._clean)
 
-    def may_restart(self, i: int, now: float) -> bool:
-        """Whether env ``i`` may be restarted at ``now`` (nothing is recorded)."""
-        return len(self._recent(i, now)) < self.policy.max_restarts
+    def may_restart(self, i: int) -> bool:
+        """Whether env ``i`` may be restarted once more (nothing is recorded)."""
+        return self._in_a_row.get(i, 0) < self.policy.max_restarts
 
-    def record(self, indices: Iterable[int], now: float) -> None:
-        """Charge a restart at ``now`` to each env of ``indices``."""
+    def in_a_row(self, i: int) -> int:
+        """Env ``i``'s restarts in a row so far."""
+        return self._in_a_row.get(i, 0)
+
+    def record(self, indices: Iterable[int]) -> None:
+        """Charge a restart to each env of ``indices``."""
+        in_a_row, clean = self._in_a_row, self._clean
         for i in indices:
-            self._recent(i, now).append(now)
+            in_a_row[i] = in_a_row.get(i, 0) + 1
+            clean[i] = 0
+
+    def stepped(self, clean_envs: Container[int]) -> None:
+        """A step (or ``recv``) in which the envs of ``clean_envs`` stepped cleanly."""
+        clean, enough = self._clean, self.policy.clean_steps
+        for i in [i for i in clean if i in clean_envs]:
+            clean[i] += 1
+            if clean[i] >= enough:  # a run of clean steps: its count starts again
+                del clean[i], self._in_a_row[i]
 
 
 SAY_EVERY = 10.0

@@ -1,4 +1,4 @@
-"""Restart limits: at most R restarts per env within a window, then the step raises.
+"""Restart limits: at most R restarts of an env in a row (no run of clean steps between).
 
 The bookkeeping is pure (``RestartBook``, the time passed in) and tested
 without a loop; the limit itself on every backend x front end x flavour with
@@ -39,42 +39,61 @@ SETUPS += [("process", "async"), ("ray", "sync"), ("ray", "async")]
 # --------------------------------------------------------------------------- the book
 
 
-def allow(book: RestartBook, i: int, now: float) -> bool:
-    """Restart env ``i`` at ``now`` if the book allows it, as the vector env does."""
-    if not book.may_restart(i, now):
+def allow(book: RestartBook, i: int) -> bool:
+    """Restart env ``i`` if the book allows it, as the vector env does."""
+    if not book.may_restart(i):
         return False
-    book.record([i], now)
+    book.record([i])
     return True
 
 
-def test_the_book_allows_max_restarts_per_window_then_refuses():
-    book = RestartBook(RestartPolicy(max_restarts=2, window=10.0), num_envs=2)
-    assert allow(book, 0, 0.0)
-    assert allow(book, 0, 1.0)
-    assert not allow(book, 0, 2.0)  # a third within 10 s
-    assert not allow(book, 0, 9.9)
-    assert allow(book, 1, 9.9)  # every env has a budget of its own
-    assert allow(book, 0, 10.0)  # the restart at 0.0 has left the window
-    assert not allow(book, 0, 10.5)
-    assert allow(book, 0, 11.0)  # ... and the one at 1.0
+def test_the_book_allows_max_restarts_in_a_row_then_refuses():
+    book = RestartBook(RestartPolicy(max_restarts=2, clean_steps=3), num_envs=2)
+    assert allow(book, 0)
+    book.stepped({0, 1})  # one clean step, two short of a run
+    assert allow(book, 0)
+    book.stepped({0})
+    book.stepped({0})
+    assert not allow(book, 0)  # a third in a row: never 3 clean steps between
+    assert allow(book, 1)  # every env has a count of its own
+    book.stepped({1})  # env 0 did not step: its clean steps do not grow
+    assert not allow(book, 0)
+    book.stepped({0, 1})  # its third clean step since its last restart: a run
+    assert allow(book, 0)
+
+
+def test_a_run_of_clean_steps_starts_the_count_again():
+    """An env that fails now and then, and works in between, is never given up on."""
+    book = RestartBook(RestartPolicy(max_restarts=2, clean_steps=3), num_envs=1)
+    for _ in range(100):
+        assert allow(book, 0)
+        for _ in range(3):
+            book.stepped({0})
+    assert not book.watching  # nothing kept for an env that works
+    for _ in range(2):
+        assert allow(book, 0)
+    assert not allow(book, 0)
 
 
 def test_a_refused_restart_is_not_charged():
-    book = RestartBook(RestartPolicy(max_restarts=1, window=10.0), num_envs=1)
-    assert allow(book, 0, 0.0)
-    for t in (1.0, 2.0, 3.0):
-        assert not allow(book, 0, t)
-    assert allow(book, 0, 10.0)  # refusals at 1-3 s did not push the window on
+    book = RestartBook(RestartPolicy(max_restarts=1, clean_steps=2), num_envs=1)
+    assert allow(book, 0)
+    for _ in range(3):
+        assert not allow(book, 0)
+    book.stepped({0})
+    book.stepped({0})  # two clean steps after the one restart: refusals added nothing
+    assert allow(book, 0)
 
 
 def test_checking_charges_nothing_until_the_restarts_are_recorded():
-    book = RestartBook(RestartPolicy(max_restarts=1, window=10.0), num_envs=3)
-    assert allow(book, 0, 0.0)
-    assert [book.may_restart(i, 1.0) for i in range(3)] == [False, True, True]
-    assert book.may_restart(1, 1.0)  # asking twice changes nothing
-    book.record([1, 2], 1.0)
-    assert [book.may_restart(i, 2.0) for i in range(3)] == [False, False, False]
-    assert [book.may_restart(i, 11.0) for i in range(3)] == [True, True, True]
+    book = RestartBook(RestartPolicy(max_restarts=1, clean_steps=1), num_envs=3)
+    assert allow(book, 0)
+    assert [book.may_restart(i) for i in range(3)] == [False, True, True]
+    assert book.may_restart(1)  # asking twice changes nothing
+    book.record([1, 2])
+    assert [book.may_restart(i) for i in range(3)] == [False, False, False]
+    book.stepped(range(3))
+    assert [book.may_restart(i) for i in range(3)] == [True, True, True]
 
 
 # --------------------------------------------------------------------------- end to end
@@ -101,7 +120,7 @@ def oracle() -> SyncVectorEnv:
 
 def open_lock(open_venv: Any, backend: str, flavour: str, fns: list[Any], **kw: Any) -> Lockstep:
     skip_unless_available(backend)
-    kw.setdefault("on_error", RestartPolicy(max_restarts=R, window=3600.0, backoff=0.0))
+    kw.setdefault("on_error", RestartPolicy(max_restarts=R, backoff=0.0))
     lock = Lockstep(open_venv(fns, **kw), oracle())
     lock.reset(seed=3)
     return lock
@@ -134,13 +153,42 @@ def test_a_crash_looping_env_is_restarted_r_times_then_raises(open_venv, backend
         assert type(error) is aiovec.EnvError
         assert set(error.errors) == {1}
         assert isinstance(error.errors[1], RuntimeError)
-        assert f"more than {R} restarts within 3600 s" in str(error)
+        assert f"env 1 failed {R + 1} times in a row" in str(error)
+        assert f"RestartPolicy(max_restarts={R})" in str(error)
         assert lock.venv.state is State.BROKEN
         # After reset() the env's budget is still spent: its next failure raises at once.
         lock.ignore = EPISODE_COUNTERS
         lock.reset(seed=4)
         with pytest.raises(aiovec.EnvError, match="restart limit"):
             lock.venv.step(actions_for(1))
+    finally:
+        lock.oracle.close()
+
+
+def failing_now_and_then(flavour: str) -> Any:
+    """Every env this factory builds fails on every 4th step call of the factory's envs."""
+    steps = FlakySteps.factory(set(range(4, 400, 4)))
+    return steps if flavour == "sync" else lambda: AsyncTwin(steps(), max_yields=2, seed=3)
+
+
+@pytest.mark.parametrize(("backend", "flavour"), SETUPS)
+def test_an_env_that_works_between_failures_is_restarted_as_often_as_it_fails(
+    open_venv, backend, flavour
+):
+    """A fault rate is not a crash loop: 3 clean steps between failures start the count again.
+
+    (Under ``NEXT_STEP`` a restarted env's next step is its autoreset; two more are its own.)
+    """
+    policy = RestartPolicy(max_restarts=R, clean_steps=3, backoff=0.0)
+    fns = fns_with({1: failing_now_and_then(flavour)})
+    lock = open_lock(open_venv, backend, flavour, fns, on_error=policy)
+    try:
+        restarts = 0
+        for step in range(1, 40):
+            got = lock.venv.step(actions_for(step))
+            assert_rows_equal(got, lock.oracle.step(actions_for(step)), [0, 2, 3])
+            restarts += int(got[4].get("_error", [False] * NUM_ENVS)[1])
+        assert restarts > 2 * R
     finally:
         lock.oracle.close()
 
@@ -172,7 +220,7 @@ def test_every_env_that_failed_is_named_when_one_is_over_its_limit(open_venv, ba
 
 
 def test_envs_not_restarted_are_not_charged(open_venv, backend):
-    policy = RestartPolicy(max_restarts=1, window=3600.0, backoff=0.0)
+    policy = RestartPolicy(max_restarts=1, backoff=0.0)
     # env 1 is restarted at step 1, and over its limit at step 3, when env 2 fails too;
     # then neither fails again until env 2's 4th step call (env 1's 3rd works).
     fns = fns_with({1: FlakySteps.factory({1, 2}), 2: FlakySteps.factory({3, 4})})
@@ -214,7 +262,7 @@ class FlakySteps(SpaceEnv):
 def test_the_limit_keeps_the_error_subclass(open_venv, backend, gates):
     gate = gates()
     fns = fns_with({1: functools.partial(_hanging_every_time, gate)})
-    policy = RestartPolicy(max_restarts=1, window=3600.0, backoff=0.0)
+    policy = RestartPolicy(max_restarts=1, backoff=0.0)
     lock = open_lock(open_venv, backend, "async", fns, on_error=policy, step_timeout=0.2)
     try:
         # on a group backend env 0 shares env 1's stuck worker, and is restarted with it

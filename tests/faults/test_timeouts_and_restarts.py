@@ -153,7 +153,7 @@ async def test_a_crash_looping_env_hits_the_restart_limit(backend, flavour):
     def always_failing():
         return FaultyEnv(SpaceEnv(min_len=50, max_len=50), method="step", at=1)
 
-    policy = aiovec.RestartPolicy(max_restarts=3, window=3600, backoff=0)
+    policy = aiovec.RestartPolicy(max_restarts=3, backoff=0)
     fns = [flavoured(SpaceEnv, flavour), flavoured(always_failing, flavour)]
     async with aiovec.AsyncioVectorEnv(
         fns, backend=backend, on_error=policy, autoreset_mode="SameStep"
@@ -238,7 +238,9 @@ def test_restart_works_through_the_blocking_front_end():
         {"attempts": 0},
         {"max_restarts": 0},
         {"backoff": -1},
-        {"window": float("nan")},
+        {"backoff": float("nan")},
+        {"clean_steps": 0},
+        {"clean_steps": 2.5},
         {"attempts": 1.5},
         {"max_downtime": 0},
         {"max_downtime": -1.0},
