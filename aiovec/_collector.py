@@ -310,6 +310,7 @@ class _Driver:
     """
 
     book: Book | None  # None when no collection is running
+    keep_ended = False  # an env that ends is reset by the driver, not by the step (SAME_STEP)
 
     def __init__(self, venv: AsyncioVectorEnv[Any, Any], policy: Callable[..., Any]) -> None:
         self.venv, self.policy = venv, policy
@@ -484,7 +485,7 @@ class _Driver:
             actions = tree_map(
                 lambda a, last: np.concatenate([a, last[due]]), actions, self.last_actions
             )
-        self.venv.send(actions, ids)
+        self.venv._send(actions, ids, keep_ended=self.keep_ended)
         self.out += len(ids)
 
     def _harvest(self) -> None:

@@ -226,6 +226,7 @@ class _EpisodeDriver(_Driver):
     """The `EpisodeCollector`'s driver (see the module docstring)."""
 
     book: EpisodeBook | None
+    keep_ended = True  # a free env is reset once, by `_launch`, with its next member's task
 
     def __init__(
         self,

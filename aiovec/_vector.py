@@ -45,6 +45,7 @@ from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState, ResetHook
 from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import (
+    KEEP_ENDED,
     RENDER,
     Autoreset,
     CallMethod,
@@ -447,13 +448,23 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             actions: One action per env in ``env_ids``, batched.
             env_ids: The envs to step (``None``: every env).
         """
+        self._send(actions, env_ids, keep_ended=False)
+
+    def _send(self, actions: Any, env_ids: EnvIds | None, *, keep_ended: bool) -> None:
+        """`send`; ``keep_ended``: under ``SAME_STEP``, an env that ends is not reset.
+
+        Its caller resets it (the EpisodeCollector, with the next member's task).
+        """
         self._life.check(VectorCall.SEND)
         ids = validate.check_env_ids(env_ids, self.num_envs)
         busy = sorted(self._sent.envs.intersection(ids))
         if busy:
             raise StateError(f"env(s) {busy} are still in flight from send(); recv() them first")
         per_env = self._batcher.split_actions(actions, len(ids))
-        reset_first = self._autoreset.plan(ids)
+        keep_ended = keep_ended and self.autoreset_mode is AutoresetMode.SAME_STEP
+        reset_first: list[Any] = (
+            [KEEP_ENDED] * len(ids) if keep_ended else self._autoreset.plan(ids)
+        )
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -461,7 +472,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 "send() starts envs on the running event loop: call it from async code "
                 "(BlockingVectorEnv.send works from anywhere)"
             ) from None
-        batch = self._batch_of(actions, reset_first)
+        batch = None if keep_ended else self._batch_of(actions, reset_first)
         op = StepOp(self.autoreset_mode, per_env, reset_first, batch=batch, stream=True)
         self._flight.send(ids, op, "send()")
 

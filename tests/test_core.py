@@ -16,7 +16,7 @@ from aiovec import AlreadyPendingCallError, ClosedError, NoAsyncCallError, State
 from aiovec._core import validate
 from aiovec._core.autoreset import AutoresetState
 from aiovec._core.batching import Batcher, copy_batch
-from aiovec._core.calls import AUTORESET, STEP, new_step_flow
+from aiovec._core.calls import AUTORESET, KEEP_ENDED, STEP, new_step_flow
 from aiovec._core.deadlines import overdue
 from aiovec._core.lifecycle import Lifecycle, State, VectorCall
 
@@ -87,6 +87,10 @@ FLOW_TABLE = [
         [STEP, AUTORESET],
         (RESET_OBS, 1.5, False, True, RESET_INFO, {"final_obs": OBS, "final_info": INFO}),
     ),
+    # KEEP_ENDED (the EpisodeCollector's steps): its caller resets an env that ended
+    (AutoresetMode.SAME_STEP, KEEP_ENDED, True, False, [STEP], (OBS, 1.5, True, False, INFO, None)),
+    (AutoresetMode.SAME_STEP, KEEP_ENDED, False, True, [STEP], (OBS, 1.5, False, True, INFO, None)),
+    (AutoresetMode.NEXT_STEP, KEEP_ENDED, True, False, [STEP], (OBS, 1.5, True, False, INFO, None)),
 ]
 
 

@@ -620,6 +620,56 @@ def test_each_front_end_iterates_its_own_way() -> None:
         adapter.shutdown()
 
 
+class ResetCounter(gymnasium.Env[np.ndarray, int]):
+    """Its observations say how many times it was reset; an episode lasts ``length`` steps."""
+
+    observation_space = gymnasium.spaces.Box(0.0, 1e6, (1,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.resets = self.t = 0
+        self.length = 1
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.resets += 1
+        self.t, self.length = 0, (options or {}).get("length", 3)
+        return np.array([self.resets], np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.array([self.resets], np.float32), 0.0, self.t >= self.length, False, {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_episode_costs_its_env_one_reset(
+    mode: AutoresetMode, backend: str, front_end: str, flavour: str
+) -> None:
+    """An env whose member ended is reset once, with the next member's seed and task.
+
+    (Under ``SAME_STEP`` the vector env's autoreset ran too: two resets per episode.)
+    """
+    adapter = open_front_end(
+        front_end, [ResetCounter] * N, flavour=flavour, backend=backend, autoreset_mode=mode
+    )
+    tasks = tasks_of(10)
+    try:
+        policy = random_policy(adapter.venv.single_action_space)
+        batches, _ = run_episodes(adapter, policy, group_size=2, tasks=tasks)
+    finally:
+        adapter.shutdown()
+    episodes = sorted((e for b in batches for e in b.episodes), key=lambda e: e.episode_id)
+    assert len(episodes) == 20  # every task ran: every episode is here
+    for env in range(N):
+        resets = [int(e.obs[0][0]) for e in episodes if e.env_id == env]
+        assert resets == list(range(1, len(resets) + 1)), f"env {env}'s resets: {resets}"
+    for episode in episodes:  # the episode's last step was the env's, before any reset
+        assert episode.final_obs[0] == episode.obs[0][0]
+        assert len(episode) == episode.task["length"]
+
+
 # -- a sandbox fleet: a fault rate is not a crash loop ------------------------------------
 
 # docs/collector.md's settings for a sandbox fleet (step_timeout scaled down to a test's)

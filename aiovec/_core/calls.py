@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 __all__ = (
     "AUTORESET",
     "CLOSE",
+    "KEEP_ENDED",
     "RENDER",
     "STEP",
     "Autoreset",
@@ -32,6 +33,7 @@ __all__ = (
     "EnvCall",
     "GetAttr",
     "IsWrapped",
+    "KeepEnded",
     "Render",
     "Reset",
     "SetAttr",
@@ -118,6 +120,24 @@ class Autoreset:
         return self.now
 
 
+@dataclass(frozen=True, slots=True)
+class KeepEnded:
+    """An env's ``reset_first`` when its caller resets it itself once it ends (false).
+
+    Under ``SAME_STEP``, an env that ends within the step is not reset there:
+    its last observation and info are the step's (as under ``DISABLED``).  The
+    `aiovec.EpisodeCollector` sends its steps so, and starts the env's next
+    episode with a reset of its own (the next member's seed and task): one
+    reset per episode, not two.
+    """
+
+    def __bool__(self) -> bool:
+        return False
+
+
+KEEP_ENDED = KeepEnded()
+
+
 EnvCall = Reset | Step | Render | Close | GetAttr | CallMethod | SetAttr | IsWrapped
 
 STEP = Step()
@@ -156,7 +176,8 @@ def step_flow(mode: AutoresetMode) -> StepFlow:
     action is ignored; reward 0, both flags False).  Under ``SAME_STEP`` an
     env that ends is reset within the step, and its last observation and
     info travel in ``final``.  ``reset_first`` may be an `Autoreset` (it
-    tests as its flag): the autoreset, in either mode, is then its ``call``.
+    tests as its flag): the autoreset, in either mode, is then its ``call``;
+    or `KEEP_ENDED` (false): an env that ends is not reset within the step.
 
     A flow lives across steps (rather than one generator per step) because
     creating and finishing a generator per env-step costs more than stepping
@@ -171,7 +192,7 @@ def step_flow(mode: AutoresetMode) -> StepFlow:
             transition = (obs, 0.0, False, False, info, None)
             continue
         obs, reward, terminated, truncated, info = yield STEP
-        if same_step and (terminated or truncated):
+        if same_step and (terminated or truncated) and type(reset_first) is not KeepEnded:
             final = {"final_obs": obs, "final_info": info}
             obs, info = yield reset_first.call if type(reset_first) is Autoreset else AUTORESET
             transition = (obs, reward, terminated, truncated, info, final)

@@ -28,7 +28,8 @@ class StepOp(NamedTuple):
     order of the op's envs: a process backend copies it into shared memory at
     once instead of sending ``actions`` one by one; it is ``None`` where an
     entry of ``reset_first`` is an `~aiovec._core.calls.Autoreset` (an
-    autoreset with options), which must travel env by env.  ``stream``: the results
+    autoreset with options) or `~aiovec._core.calls.KEEP_ENDED`, which must
+    travel env by env.  ``stream``: the results
     are wanted env by env, as each finishes (``send()``), not all at once.
     ``timed``: a ``step_timeout`` applies, so a worker publishes the envs it
     has finished before a deadline can pass them by, even in a whole step.
