@@ -56,6 +56,9 @@ __all__ = ("Collector", "SegmentBatch")
 
 B = TypeVar("B")
 
+_ACTIONS = "\x00actions\x00"
+"""Where an action check's message names what it checked: the policy's call, once known."""
+
 
 class _Front(Generic[B]):
     """The two front ends of a collector over a `_Driver` (written once for both collectors).
@@ -457,23 +460,29 @@ class _Driver:
         pair = isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)
         actions, extras = answer if pair else (answer, {})
         count = len(ids)
-        who = f"policy {_name(self.policy)} for env(s) {ids.tolist()}"
         check = self.check_actions.get(count)
-        if check is None:
+        if check is None:  # one per batch size; the envs are named when one fails
             space = self.venv.single_action_space
-            check = self.check_actions[count] = validate.action_checker(
-                space, count, f"the actions of {who}"
-            )
-        check(actions)
+            check = self.check_actions[count] = validate.action_checker(space, count, _ACTIONS)
+        try:
+            check(actions)
+        except (TypeError, ValueError) as exc:
+            said = str(exc).replace(_ACTIONS, f"the actions of {self._who(ids)}")
+            raise type(exc)(said) from None
         actions = tree_map(np.asarray, actions)
         for name, values in extras.items():
             rows = np.shape(values)[:1]
             if rows != (count,):
                 got = f"shape {np.shape(values)}" if np.ndim(values) else "a scalar"
                 raise ValueError(
-                    f"extra {name!r} of {who} must have one row per env ({count}), got {got}"
+                    f"extra {name!r} of {self._who(ids)} must have one row per env ({count}), "
+                    f"got {got}"
                 )
         return actions, extras
+
+    def _who(self, ids: np.ndarray) -> str:
+        """The policy and the envs of its call, as an error about its answer names them."""
+        return f"policy {_name(self.policy)} for env(s) {ids.tolist()}"
 
     def _send(self, ids: np.ndarray, actions: Any) -> None:
         """Send ``actions`` to ``ids``, and the reset rows due with them (one request)."""
@@ -485,7 +494,7 @@ class _Driver:
             actions = tree_map(
                 lambda a, last: np.concatenate([a, last[due]]), actions, self.last_actions
             )
-        self.venv._send(actions, ids, keep_ended=self.keep_ended)
+        self.venv._send(actions, ids, keep_ended=self.keep_ended, checked=True)  # by `_answer`
         self.out += len(ids)
 
     def _harvest(self) -> None:

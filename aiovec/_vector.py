@@ -448,19 +448,29 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             actions: One action per env in ``env_ids``, batched.
             env_ids: The envs to step (``None``: every env).
         """
-        self._send(actions, env_ids, keep_ended=False)
+        self._send(actions, env_ids)
 
-    def _send(self, actions: Any, env_ids: EnvIds | None, *, keep_ended: bool) -> None:
-        """`send`; ``keep_ended``: under ``SAME_STEP``, an env that ends is not reset.
+    def _send(
+        self,
+        actions: Any,
+        env_ids: EnvIds | None,
+        *,
+        keep_ended: bool = False,
+        checked: bool = False,
+    ) -> None:
+        """`send`, with two switches for the collectors.
 
-        Its caller resets it (the EpisodeCollector, with the next member's task).
+        ``keep_ended``: under ``SAME_STEP``, an env that ends is not reset; its
+        caller resets it (the EpisodeCollector, with the next member's task).
+        ``checked``: the caller checked the actions (naming its policy and the
+        envs of the policy's call in its errors).
         """
         self._life.check(VectorCall.SEND)
         ids = validate.check_env_ids(env_ids, self.num_envs)
         busy = sorted(self._sent.envs.intersection(ids))
         if busy:
             raise StateError(f"env(s) {busy} are still in flight from send(); recv() them first")
-        per_env = self._batcher.split_actions(actions, len(ids))
+        per_env = self._batcher.split_actions(actions, len(ids), checked=checked)
         keep_ended = keep_ended and self.autoreset_mode is AutoresetMode.SAME_STEP
         reset_first: list[Any] = (
             [KEEP_ENDED] * len(ids) if keep_ended else self._autoreset.plan(ids)

@@ -561,6 +561,68 @@ def test_a_wrong_policy_output_is_refused(
         adapter.shutdown()
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda ids: np.zeros(len(ids) + 1, np.int64),  # the check of a batch size seen before
+        lambda ids: (np.zeros(len(ids), np.int64), {"value": np.zeros(5)}),
+    ],
+)
+def test_a_wrong_output_of_a_later_call_names_the_envs_of_that_call(
+    front_end: str, answer: Callable[[np.ndarray], Any]
+) -> None:
+    """4 envs, 2 per call: the call for envs [2, 3] goes wrong, after [0, 1]'s went well."""
+    calls: list[list[int]] = []
+
+    def policy(obs: Any, env_ids: np.ndarray) -> Any:
+        calls.append(env_ids.tolist())
+        if env_ids.tolist() == [2, 3]:
+            return answer(env_ids)
+        return np.zeros(len(env_ids), np.int64)
+
+    adapter = open_front_end(front_end, space_env_fns(N))
+    try:
+        with pytest.raises(ValueError, match=re.escape("policy for env(s) [2, 3] ")):
+            run_collector(adapter, policy, 1, max_batch=2)
+    finally:
+        adapter.shutdown()
+    assert calls == [[0, 1], [2, 3]]
+
+
+def test_the_actions_are_checked_once_per_round(
+    front_end: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By the collector, which names its policy and envs; the vector env trusts that check."""
+    checks: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Callable[[object], None]:
+        check = action_checker(*args, **kwargs)
+
+        def counted(actions: object) -> None:
+            checks.append(1)
+            check(actions)
+
+        return counted
+
+    from aiovec._core import batching, validate
+
+    action_checker = validate.action_checker
+    monkeypatch.setattr(validate, "action_checker", counting)
+    monkeypatch.setattr(batching, "action_checker", counting)
+    calls: list[int] = []
+
+    def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+        calls.append(len(env_ids))
+        return np.zeros(len(env_ids), np.int64)
+
+    adapter = open_front_end(front_end, space_env_fns(N))
+    try:
+        run_collector(adapter, policy, 2, max_batch=2)
+    finally:
+        adapter.shutdown()
+    assert len(checks) == len(calls) > 0
+
+
 def test_max_wait_bounds_the_wait_for_a_full_policy_call() -> None:
     """Env 0 never answers: after ``max_wait`` the policy is called with the others.
 

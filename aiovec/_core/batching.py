@@ -109,16 +109,22 @@ class Batcher:
 
     # -- actions ---------------------------------------------------------------
 
-    def split_actions(self, actions: Any, count: int | None = None) -> Sequence[Any]:
+    def split_actions(
+        self, actions: Any, count: int | None = None, *, checked: bool = False
+    ) -> Sequence[Any]:
         """Check a batch of actions (one per env, or ``count``) and split it per env.
 
-        A whole batch is split only when a backend first reads the result (a
-        process backend that copies the batch into shared memory never does).
+        ``checked``: the caller checked them already (the collector, which names
+        its policy in the error).  A whole batch is split only when a backend
+        first reads the result (a process backend that copies the batch into
+        shared memory never does).
         """
         if count is None or count == self.num_envs:
-            self._check_actions(actions)
+            if not checked:
+                self._check_actions(actions)
             return PerEnv(self._iterate, self.action_space, actions)
-        action_checker(self.single_action_space, count)(actions)
+        if not checked:
+            action_checker(self.single_action_space, count)(actions)
         space = self._subset_spaces.get(count)
         if space is None:
             space = self._subset_spaces[count] = batch_space(self.single_action_space, count)
