@@ -31,6 +31,10 @@ Cases (issue 26's speed targets; figures in docs/collector.md):
 ``delay``
     The time from a policy's answer to its env's step (p50, p90), 32 envs
     stepping in 2-10 ms and a policy that awaits 5-30 ms.
+``close``
+    ``await collector.aclose()`` from another task than the consumer, at a
+    random moment: how long it takes (median, max), 16 envs stepping in 2-10 ms
+    and a policy that awaits 5-30 ms, on inline and process, both collectors.
 
 Each candidate runs for a fixed time once per repetition, the order rotating;
 reported: medians of env-steps per second.  The machine's load is printed.
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import random
 import statistics
@@ -261,6 +266,48 @@ async def answer_delay(seconds: float, n: int) -> tuple[float, float]:
     return float(p50), float(p90)
 
 
+async def close_times(backend: str, kind: str, tries: int) -> list[float]:
+    """Seconds each ``aclose()`` from another task took, closing at a random moment."""
+    rng = random.Random(0)
+
+    async def policy(obs: Any, env_ids: np.ndarray) -> np.ndarray:
+        await asyncio.sleep(rng.uniform(0.005, 0.030))
+        return np.zeros(len(env_ids), np.int64)
+
+    took: list[float] = []
+    fns = [lambda i=i: SteppingEnv(i) for i in range(16)]
+    async with aiovec.AsyncioVectorEnv(fns, backend=backend, num_workers=2) as venv:
+        for _ in range(tries):
+            if kind == "Collector":
+                collector: Any = aiovec.Collector(venv, policy, segment_length=8, batch_size=4)
+            else:
+                tasks = itertools.repeat({})
+                collector = aiovec.EpisodeCollector(venv, policy, batch_size=2, tasks=tasks)
+
+            async def consume(collector: Any = collector) -> None:
+                async for _ in collector:
+                    pass
+
+            consumer = asyncio.ensure_future(consume())
+            await asyncio.sleep(rng.uniform(0.0, 0.1))
+            start = time.perf_counter()
+            await collector.aclose()
+            took.append(time.perf_counter() - start)
+            await consumer  # its loop ended as if the collection were over
+            await venv.reset()
+    return took
+
+
+async def closing(tries: int) -> None:
+    for backend in ("inline", "process"):
+        for kind in ("Collector", "EpisodeCollector"):
+            took = await close_times(backend, kind, tries)
+            print(
+                f"aclose() from another task, {kind} on {backend}, {tries} tries: "
+                f"median {statistics.median(took) * 1e3:.1f} ms, max {max(took) * 1e3:.1f} ms"
+            )
+
+
 def heavy_envs(n: int, *, trivial: bool = False) -> Callable[[], Any]:
     async def make() -> Any:
         return aiovec.AsyncioVectorEnv(
@@ -314,6 +361,8 @@ async def main(args: argparse.Namespace) -> None:
     if "delay" in args.only:
         p50, p90 = await answer_delay(seconds * 2, 8 if quick else 32)
         print(f"policy answer -> env step: p50 {p50:.3f} ms, p90 {p90:.3f} ms")
+    if "close" in args.only:
+        await closing(5 if quick else 100)
     if "process" in args.only:
         m = 8 if quick else 64
         got = await measure(
@@ -333,7 +382,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--only",
         nargs="+",
-        default=["heavy", "trivial", "process", "servers", "delay"],
-        choices=["heavy", "trivial", "process", "servers", "delay"],
+        default=["heavy", "trivial", "process", "servers", "delay", "close"],
+        choices=["heavy", "trivial", "process", "servers", "delay", "close"],
     )
     asyncio.run(main(parser.parse_args()))
