@@ -32,7 +32,9 @@ The blocking front end runs the same coroutines through the vector env's
 `~aiovec._runner.Runner`.  Leaving the loop (``break``, an error, Ctrl-C, a
 cancelled consumer) stops the collection (`_Driver.stop`, one at a time):
 the policy's calls, the ``recv`` and every env's call are cancelled, and the
-vector env then needs a ``reset()``.
+vector env then needs a ``reset()``.  ``aclose()`` from another task first
+has the consumer leave `_Driver.next_batch` as if the collection were over
+(`_Driver.close`), then stops.
 """
 
 from __future__ import annotations
@@ -313,7 +315,7 @@ class _Driver:
     """
 
     book: Book | None  # None when no collection is running
-    keep_ended = False  # an env that ends is reset by the driver, not by the step (SAME_STEP)
+    keep_ended = False  # True: the steps do not reset an env that ends (SAME_STEP); the driver does
 
     def __init__(self, venv: AsyncioVectorEnv[Any, Any], policy: Callable[..., Any]) -> None:
         self.venv, self.policy = venv, policy

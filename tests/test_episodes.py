@@ -13,6 +13,7 @@ tested with the Collector's, in tests/test_collector_exit.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Sequence
@@ -248,6 +249,37 @@ def _episode(rewards: list[float]) -> aiovec.Episode:
         start_time=0.0,
         end_time=0.0,
     )
+
+
+def test_a_group_set_aside_but_not_yet_handed_back_is_pending_in_the_state() -> None:
+    """Stopped between a rejection and the next batch: the task runs again, counted once."""
+    from aiovec._core.episodes import Groups
+
+    groups = Groups(
+        [{"task": 0}, {"task": 1}],
+        group_size=1,
+        batch_size=1,
+        max_in_flight=2,
+        max_lag=None,
+        seed=0,
+        accept=lambda members: members[0].group_id == 1,
+        on_error="raise",
+        max_retries=0,
+    )
+    first, second = groups.next_member(), groups.next_member()
+    assert first is not None
+    assert second is not None
+    groups.ended(first[0], 0, dataclasses.replace(_episode([1.0]), group_id=0))
+    assert [(d.reason, d.group_id) for d in groups.discarded] == [("rejected", 0)]
+    state = groups.state_dict()
+    assert state["pending"] == [(0, {"task": 0}), (1, {"task": 1})]
+    assert state["rejected"] == 0  # it comes back in the resumed run, and is counted there
+    groups.ended(second[0], 0, dataclasses.replace(_episode([1.0]), group_id=1))
+    batch = groups.take(1)
+    assert [g[0].group_id for g in batch.groups] == [1]
+    assert [d.group_id for d in batch.discarded] == [0]
+    assert groups.state_dict()["rejected"] == 1
+    assert groups.discarded == []  # handed back: nothing is kept
 
 
 def test_rewards_differ_keeps_groups_with_a_signal() -> None:

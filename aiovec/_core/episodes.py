@@ -36,7 +36,6 @@ from aiovec._core.segments import Book, tree_map
 from aiovec._errors import EnvError, EnvTimeoutError
 
 __all__ = (
-    "DISCARDED",
     "ON_ERROR",
     "DiscardedGroup",
     "Episode",
@@ -101,10 +100,6 @@ class Episode:
 
     def __len__(self) -> int:
         return len(self.rewards)
-
-
-DISCARDED = ("rejected", "dropped", "failed")
-"""Why a group is set aside: `DiscardedGroup.reason`."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -403,7 +398,8 @@ class Groups:
         if group.running or group.waiting:
             return
         del self.in_flight[group.index]
-        if group.failed:
+        if group.failed:  # its last member is out: it is set aside
+            self.failed += 1
             self.discarded.append(group.discarded("failed"))
             return
         members = [e for e in group.members if e is not None]
@@ -422,7 +418,6 @@ class Groups:
             group.failed = True
             group.waiting.clear()
             group.members[index] = episode
-            self.failed += 1
             return
         if on_error == "retry" and group.tries[index] < self.max_retries:
             group.tries[index] += 1
