@@ -627,13 +627,20 @@ DEADLINES = [
     ({0: 0.0, 1: None}, 1.0, [0], 1.0),  # a queued env is never late; look again in 1 s
     ({0: None, 1: None}, 5.0, [], 1.0),
     ({0: 3.5, 1: 0.0, 2: 3.25}, 4.0, [1], 0.25),
-    ({}, 0.0, [], 1.0),
+    ({}, 0.0, [], None),  # no deadline to wait for
 ]
 
 
 @pytest.mark.parametrize(("starts", "now", "late", "wait"), DEADLINES)
 def test_each_env_is_due_timeout_after_its_own_start(starts, now, late, wait):
-    assert overdue(starts.items(), 1.0, now) == (late, wait)
+    assert overdue(((i, start, 1.0) for i, start in starts.items()), now) == (late, wait)
+
+
+def test_each_env_has_a_timeout_of_its_own():
+    """A reset (an autoreset too) is due after ``reset_timeout``, a step after ``step_timeout``."""
+    starts = [(0, 0.0, 0.2), (1, 0.0, 5.0), (2, 0.0, None), (3, None, 0.2)]
+    assert overdue(starts, 0.5) == ([0], 0.2)  # env 1 has 4.5 s left; env 2 no deadline
+    assert overdue([(2, 0.0, None)], 100.0) == ([], None)
 
 
 def test_latency_and_restart_books_take_no_memory_per_env_until_used():

@@ -128,9 +128,13 @@ class InlineBackend(Backend):
         else:  # the hot path of synchronous envs: one tight loop, timed as a whole
             since = time.perf_counter()
             for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
-                try:
-                    flow = flows[i] or flow_at(flows, i, op.mode)
-                    results[i] = step_sync(envs[i], flow, first, action)
+                try:  # `step_sync`, written out: a Python call less per env-step
+                    send = (flows[i] or flow_at(flows, i, op.mode)).send
+                    call: Any = send(first)  # a call (typed, with no cast on this path)
+                    while type(call) is not tuple:
+                        env = envs[i]
+                        call = send(env.step(action) if call is STEP else perform_sync(env, call))
+                    results[i] = call
                 except BaseException as exc:
                     self._fail(i, exc)
             now = time.perf_counter()
