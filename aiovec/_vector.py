@@ -276,13 +276,15 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._batcher = Batcher(single, traits.action_spaces[0], self.num_envs, self.copy, batched)
         self._autoreset = AutoresetState(mode, self.num_envs, self._hook)
         self._sent = Sent(self.num_envs)
+        self._check = validate.step_result_checker(single)
+        self._order = tuple(range(self.num_envs))
         restarter = Restarter(self.restart_policy, self.num_envs, self._backend, self._autoreset)
         self._flight = Flight(
             self._backend,
             self._life,
             self._sent,
             restarter,
-            check_results=validate.step_result_checker(single),
+            check_results=self._check,
             step_timeout=self.step_timeout,
             reset_timeout=self.reset_timeout,
         )
@@ -428,7 +430,8 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
         """The batch of a step whose every env answered; the vector env is ready."""
-        batch = self._batcher.step_batch(self._all, results)
+        clean = self._check.clean_columns(results, self._order)
+        batch = self._batcher.step_batch(self._all, results, clean)
         self._autoreset.stepped(None, batch[2], batch[3])
         self._life.state = _READY
         return batch

@@ -20,7 +20,7 @@ from aiovec._core.calls import Transition
 from aiovec._core.infos import merge_infos
 from aiovec._core.layout import StepArrays, copy_rows
 from aiovec._core.rows import Rows, StepBlock
-from aiovec._core.validate import action_checker
+from aiovec._core.validate import Columns, action_checker
 
 __all__ = ("Batcher", "StepBatch", "copy_batch", "stack_box")
 
@@ -143,17 +143,27 @@ class Batcher:
             entries.append((i, info))
         return self._observations(), merge_infos(self.num_envs, entries)
 
-    def step_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
-        """Batch the transitions of every env (``indices`` is ``range(num_envs)``)."""
-        assert len(indices) == self.num_envs
-        if type(results) is Rows:
-            blocks = results.blocks_covering(self.num_envs)
-            if blocks is not None:
-                return self._step_blocks(blocks)
-        # Transpose in C (zip), then touch per env only what needs Python.
-        obs, rewards, terminations, truncations, infos_, finals = zip(
-            *map(results.__getitem__, indices), strict=True
-        )
+    def step_batch(
+        self,
+        indices: Sequence[int],
+        results: Mapping[int, Transition],
+        clean: tuple[Columns, Any] | None = None,
+    ) -> StepBatch:
+        """Batch the transitions of every env (``indices`` is ``range(num_envs)``).
+
+        ``clean``: what the step-result check made of ``results``, in env order
+        (`StepChecker.clean_columns`): the transitions transposed, and a ``Box``
+        space's observations stacked (else ``None``).
+        """
+        stacked = None
+        if clean is not None:
+            (obs, rewards, terminations, truncations, infos_, finals), stacked = clean
+        elif type(results) is Rows and (blocks := results.blocks_covering(self.num_envs)):
+            return self._step_blocks(blocks)
+        else:  # transpose in C (zip), then touch per env only what needs Python
+            obs, rewards, terminations, truncations, infos_, finals = zip(
+                *map(results.__getitem__, indices), strict=True
+            )
         self._block_obs_current = False  # every env's last observation is in ``obs``
         self._env_obs[:] = obs
         infos: Any = {}
@@ -161,9 +171,13 @@ class Batcher:
             infos = self.infos_of(self.num_envs, zip(indices, infos_, finals, strict=True))
         elif self.infos_per_env:
             infos = [_NO_INFO] * self.num_envs
-        buffer = self._buffer
+        if stacked is None:
+            buffer = self._buffer
+            stacked = (
+                stack_box(obs, buffer.shape, buffer.dtype) if self._box else self._observations()
+            )
         return (
-            stack_box(obs, buffer.shape, buffer.dtype) if self._box else self._observations(),
+            stacked,
             np.array(rewards, dtype=np.float64),
             np.array(terminations, dtype=np.bool_),
             np.array(truncations, dtype=np.bool_),
