@@ -249,18 +249,16 @@ class SB3VecEnv(VecEnv):
             obs, rewards, terminations, truncations, infos = self._do("step", held[0])
         else:
             obs, rewards, terminations, truncations, infos, _ids = self._do("recv")
-        dones = terminations | truncations
-        if self._copies:  # the envs' own objects: copied, as DummyVecEnv copies its infos
-            per_env = [copy.deepcopy(info) if info else {} for info in infos]
-        else:  # a worker's: copies already
-            per_env = [dict(info) for info in infos]
-        if dones.any():
-            for i in np.flatnonzero(dones).tolist():
-                per_env[i] = self._ended(i, per_env[i])
-        cut = (truncations & ~terminations).tolist()  # a time limit, not the episode's end
-        for info, limit in zip(per_env, cut, strict=True):
-            info["TimeLimit.truncated"] = limit
-        return obs, rewards.astype(np.float32), dones, per_env
+        per_env: list[dict[str, Any]] = []
+        copies = self._copies  # the envs' own objects: copied, as DummyVecEnv copies its infos
+        ends = zip(terminations.tolist(), truncations.tolist(), strict=True)
+        for i, (info, (terminated, truncated)) in enumerate(zip(infos, ends, strict=True)):
+            own = copy.deepcopy(info) if copies and info else dict(info)
+            if terminated or truncated:
+                own = self._ended(i, own)
+            own["TimeLimit.truncated"] = truncated and not terminated  # a time limit
+            per_env.append(own)
+        return obs, rewards.astype(np.float32), terminations | truncations, per_env
 
     def close(self) -> None:
         """Close every env and the vector env (and the runner driving it)."""
