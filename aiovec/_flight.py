@@ -247,7 +247,8 @@ class Flight:
             if self.unwound is None:
                 self.unwound = asyncio.get_running_loop().create_future()
             resets = _resetting(indices, op) if self._uneven else ()
-            if own is None and self._timeout_of(name) is None and not resets:
+            timeout = self.reset_timeout if name == "reset" else self.step_timeout
+            if own is None and timeout is None and not resets:
                 outcomes = await backend.collect(len(indices))
             else:
                 outcomes = await self.collect(

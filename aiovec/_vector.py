@@ -54,6 +54,7 @@ from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import Lifecycle, State, VectorCall, allowed_in
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.restart import RestartPolicy
+from aiovec._core.rows import Rows
 from aiovec._errors import EnvError, StateError
 from aiovec._flight import Flight
 from aiovec._restarter import Restarter, policy_of
@@ -430,7 +431,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
         """The batch of a step whose every env answered; the vector env is ready."""
-        clean = self._check.clean_columns(results, self._order)
+        clean = None if type(results) is Rows else self._check.clean_columns(results, self._order)
         batch = self._batcher.step_batch(self._all, results, clean)
         self._autoreset.stepped(None, batch[2], batch[3])
         self._life.state = _READY
