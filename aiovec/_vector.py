@@ -500,7 +500,10 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         wait = None if timeout is None else validate.check_timeout("timeout", timeout)
         results = await self._flight.receive("recv()", wanted, wait, strict=False)
         ids = sorted(results)
-        batch = self._batcher.subset_batch(ids, results)
+        clean = None
+        if len(ids) == self.num_envs and type(results) is not Rows:
+            clean = self._check.clean_columns(results, self._order)
+        batch = self._batcher.subset_batch(ids, results, clean)
         self._autoreset.stepped(ids, batch[2], batch[3])
         self._life.state = _SENT if self._sent.envs else _READY
         return (*batch, np.array(ids, dtype=np.int64))

@@ -184,10 +184,18 @@ class Batcher:
             infos,
         )
 
-    def subset_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
-        """Batch the transitions of some envs: row ``k`` is env ``indices[k]``."""
+    def subset_batch(
+        self,
+        indices: Sequence[int],
+        results: Mapping[int, Transition],
+        clean: tuple[Columns, Any] | None = None,
+    ) -> StepBatch:
+        """Batch the transitions of some envs: row ``k`` is env ``indices[k]``.
+
+        ``clean``: as for `step_batch`, when ``indices`` are every env.
+        """
         if len(indices) == self.num_envs and list(indices) == list(range(self.num_envs)):
-            return self.step_batch(indices, results)
+            return self.step_batch(indices, results, clean)
         rows = len(indices)
         if not rows:
             empty: Any = create_empty_array(self.single_observation_space, n=0, fn=np.zeros)
