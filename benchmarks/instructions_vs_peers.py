@@ -1,10 +1,10 @@
-"""Instructions per step, counted by callgrind: a figure the machine's load does not move.
+"""Instructions per step against the peers, counted by callgrind (load does not move them).
 
 Run from the repository root (needs ``valgrind``; each case takes a minute or more)::
 
-    python benchmarks/instructions.py                   # every case
-    python benchmarks/instructions.py blocking sync     # some cases
-    PYTHONPATH=/path/to/other/tree python benchmarks/instructions.py blocking
+    python benchmarks/instructions_vs_peers.py                  # every case
+    python benchmarks/instructions_vs_peers.py blocking sync    # some cases
+    PYTHONPATH=/tmp/before python benchmarks/instructions_vs_peers.py blocking  # another aiovec/
 
 Each case runs in a child process under ``valgrind --tool=callgrind`` twice, taking
 ``FEW`` and then ``MANY`` steps after the same warm-up; the difference of the two
@@ -78,6 +78,7 @@ def instructions(case: str, steps: int) -> int:
         "--tool=callgrind",
         "--callgrind-out-file=/dev/null",
         sys.executable,
+        "-P",  # no current directory on sys.path: PYTHONPATH's aiovec, else the installed one
         "-c",
         CHILD,
         case,
