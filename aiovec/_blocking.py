@@ -3,7 +3,8 @@
 Every method is one line: it runs the same call of one ``AsyncioVectorEnv``
 through one `Runner`.  No rule lives here: gymnasium's ``AsyncVectorEnv``
 spellings (``step_async``/``step_wait``, ``reset_async``/``reset_wait``) run the
-vector env's ``send``/``recv`` machinery and its lifecycle table.
+vector env's ``send``/``recv`` machinery and its lifecycle table
+(`aiovec._sends.Sends`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aiovec._core.lifecycle import PENDING, State
 from aiovec._core.restart import RestartPolicy
 from aiovec._core.validate import describe
 from aiovec._runner import Runner
+from aiovec._sends import Sends
 from aiovec._vector import AsyncioVectorEnv, EnvIds, RecvBatch
 
 __all__ = ("BlockingVectorEnv",)
@@ -94,6 +96,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
             self._runner.close()
             raise
         venv = self.vector_env
+        self._sends = Sends(venv)  # gymnasium's AsyncVectorEnv spellings
         self.num_envs = venv.num_envs
         self.single_observation_space = venv.single_observation_space
         self.single_action_space = venv.single_action_space
@@ -151,7 +154,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
             aiovec.AlreadyPendingCallError: A ``step_async`` (or ``send``) or
                 ``reset_async`` is still waiting to be collected.
         """
-        self._runner.run(self.vector_env._reset_async(seed, options))
+        self._runner.run(self._sends.reset_async(seed, options))
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Wait for the reset started by `reset_async`; what `reset` returns.
@@ -169,7 +172,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                 which ``AsyncVectorEnv`` raises).
             aiovec.EnvError: Some env's reset raised.
         """
-        return self._runner.run(self.vector_env._reset_wait(timeout))
+        return self._runner.run(self._sends.reset_wait(timeout))
 
     def step_async(self, actions: Any) -> None:
         """Start a step of every env and return at once, as ``AsyncVectorEnv.step_async``.
@@ -180,7 +183,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         Raises:
             aiovec.AlreadyPendingCallError: A call is still waiting to be collected.
         """
-        self._runner.run(_call(self.vector_env._step_async, actions))
+        self._runner.run(_call(self._sends.step_async, actions))
 
     def step_wait(self, timeout: float | None = None) -> StepBatch:
         """Wait for the step started by `step_async`; what `step` returns.
@@ -194,7 +197,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
             aiovec.EnvError: Some env's step raised (under ``on_error="restart"``
                 it is restarted, as in `step`).
         """
-        return self._runner.run(self.vector_env._step_wait(timeout))
+        return self._runner.run(self._sends.step_wait(timeout))
 
     def send(self, actions: Any, env_ids: EnvIds | None = None) -> None:
         """Start steps for some envs; see `AsyncioVectorEnv.send`."""
@@ -271,7 +274,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         """Close the envs, then the runner's loop; called once by ``close()``."""
         try:
             if terminate:  # the calls in flight unwind on the loop; then nothing waits
-                self._runner.run(self.vector_env._drain_sent())
+                self._runner.run(self._sends.drain())
                 self.vector_env._close_now()
             else:
                 self._runner.run(self.vector_env.close())

@@ -5,7 +5,7 @@ env's public ``send``/``recv`` (so ``max_concurrency``, timeouts, restarts and
 logging work as they do there) until ``batch_size`` segments are finished:
 
 - the collection starts with a reset of every env sent at once
-  (``AsyncioVectorEnv._send_resets``): each env's reset comes back on its own,
+  (`aiovec._sends.Sends.resets`): each env's reset comes back on its own,
   and the env steps as soon as its own reset is done;
 - an env whose observation is known is *ready*; `_dispatch` hands ready envs
   to the policy, up to ``max_batch`` at a time, waiting at most ``max_wait``
@@ -52,6 +52,7 @@ from gymnasium.vector import AutoresetMode
 from aiovec._core import validate
 from aiovec._core.autoreset import ResetHook
 from aiovec._core.segments import Book, SegmentBatch, SegmentBook, as_tree, row_infos, tree_map
+from aiovec._sends import Sends
 from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("Collector", "SegmentBatch")
@@ -358,7 +359,7 @@ class _Driver:
         self, ids: list[int], seeds: Any, options: list[dict[str, Any] | None] | None = None
     ) -> None:
         """Start resets of envs ``ids``: each is ready (and steps) once its own is done."""
-        await self.venv._send_resets(seeds, env_ids=ids, options=options)
+        await Sends(self.venv).resets(seeds, env_ids=ids, options=options)
         self.resetting[ids] = True
         self.out += len(ids)
 
@@ -685,7 +686,7 @@ class _Driver:
                 task.exception()  # retrieved: the collection is over, its errors with it
         self.calls.clear()
         self.receiving = None
-        await self.venv._stop_sent("a Collector stopped with envs in flight")
+        await Sends(self.venv).stop("a Collector stopped with envs in flight")
         self.book, self.out, self.ready, self.parked = None, 0, [], []  # iterating resets
         self.reset_due = []
         self.resetting[:] = False

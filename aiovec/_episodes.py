@@ -11,7 +11,7 @@ driver changes two things in it:
   wait, `_EpisodeDriver._launch` gives every free env the next member to run
   (`~aiovec._core.episodes.Groups`: the oldest group's first, or a new
   group's) and starts it with an explicit reset carrying the group's seed and
-  task (``AsyncioVectorEnv._send_resets``, sent while other envs are in flight
+  task (`aiovec._sends.Sends.resets`, sent while other envs are in flight
   or a ``recv`` waits).  An env with nothing to run stays idle.
 
 A batch is ready once ``batch_size`` groups finished (and were accepted), and

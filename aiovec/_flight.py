@@ -1,11 +1,12 @@
 """How the vector env's calls on its envs end: collected, restarted, or raised.
 
-Theory of operation.  A call reaches its envs in one of two ways: a whole
-call (``step``, ``reset``, ``call``, ...) launches its op and waits for every
-env (`Flight.run`); partial stepping launches first (`Flight.send`, for
-``send()`` and ``reset_async()``) and waits later, for some envs
+Theory of operation.  Every call takes one route: launch, collect, finish.  A
+whole call (``step``, ``reset``, ``call``, ...) launches its op and collects
+every env (`Flight.gather`); partial stepping launches first (`Flight.send`,
+for ``send()`` and ``reset_async()``) and collects later, some envs
 (`Flight.receive`, for ``recv()``, ``step_wait()`` and ``reset_wait()``).
-Both end through one skeleton, `Flight._finish`:
+Either way the call is one coroutine, `Flight.run`, the skeleton every call
+ends through:
 
 1. the vector env is ``BUSY`` while it waits for the outcomes;
 2. step results that came one by one are checked (a malformed one fails its env);
@@ -18,17 +19,16 @@ Both end through one skeleton, `Flight._finish`:
 5. the failures left raise `aiovec.EnvError` (`aiovec.EnvTimeoutError`,
    `aiovec.WorkerDiedError`, by their causes), in the state the call leaves.
 
-A lock-step step takes `Flight.step`, a straight path beside that skeleton: it
-launches the op and, when the backend answered every env at once with well-formed
-results (sync envs driven here), returns them without a coroutine of its own.  Any
-news (an env still out, an error, a malformed result, envs sent earlier, an
-exception out of the launch) is handed over, once, to `Flight._finish`, which goes
-on from the launch as `Flight.run` would.
+A call whose envs all answered in the launch (sync envs driven where the
+call is made) takes the same route: nothing in it waits, so the coroutine
+runs to its end without suspending, and costs no loop iteration.
 
 Waiting is `Flight.collect`'s: it asks the backend for outcomes until enough
-are in, cancels each env past its own deadline (``step_timeout`` or
-``reset_timeout`` from the env's own start; `aiovec._core.deadlines`) and
-reports it with a ``TimeoutError``.  ``unwound`` is set while a call waits on
+are in, cancels each env past its own deadline and reports it with a
+``TimeoutError``.  A deadline counts from the env's own start
+(`aiovec._core.deadlines`): ``reset_timeout`` for a reset, an autoreset
+included (a ``NEXT_STEP`` step that resets an env instead of stepping it, a
+collector's reset), ``step_timeout`` for the rest.  ``unwound`` is set while a call waits on
 envs, so that ``close()`` can cancel them and wait for that call to unwind.
 """
 
@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from aiovec._core.deadlines import overdue
 from aiovec._core.lifecycle import PENDING, Lifecycle, State
-from aiovec._core.ops import Op
+from aiovec._core.ops import Op, StepOp
 from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, WorkerDiedError
 from aiovec._log import logger, say_envs
@@ -54,6 +54,10 @@ __all__ = ("Flight",)
 
 Results = MutableMapping[int, Any]
 
+# An enum member read off its class costs 0.1-0.2 us on Python 3.11 (``EnumType``
+# has a ``__getattr__``): what runs on every call reads module names instead.
+_BUSY, _CLOSED, _READY, _RECEIVING = State.BUSY, State.CLOSED, State.READY, State.RECEIVING
+
 
 class Flight:
     """The vector env's calls on its envs, from launch to their end (see the module).
@@ -64,16 +68,19 @@ class Flight:
         sent: The envs in flight from ``send()``.
         restarter: Restarts failed steps (under a restart policy).
         check_results: Finds the malformed step results (`validate.step_result_checker`).
-        timeout_of: Seconds an env may take to answer the call of a name (``None``: no limit).
+        step_timeout: Seconds an env may take to answer a call (``None``: no limit).
+        reset_timeout: Seconds an env may take to reset, an autoreset included.
     """
 
     __slots__ = (
         "_check_results",
         "_restarter",
-        "_timeout_of",
+        "_uneven",
         "backend",
         "life",
+        "reset_timeout",
         "sent",
+        "step_timeout",
         "unwound",
     )
 
@@ -85,128 +92,83 @@ class Flight:
         restarter: Restarter,
         *,
         check_results: Callable[[Mapping[int, Any]], dict[int, Exception]],
-        timeout_of: Callable[[str], float | None],
+        step_timeout: float | None,
+        reset_timeout: float | None,
     ) -> None:
         self.backend = backend
         self.life = life
         self.sent = sent
         self._restarter = restarter
         self._check_results = check_results
-        self._timeout_of = timeout_of
+        self.step_timeout = step_timeout
+        self.reset_timeout = reset_timeout
+        self._uneven = reset_timeout != step_timeout  # some envs of a step may reset
         self.unwound: asyncio.Future[None] | None = None
         """Set while a call waits on envs; done once it has unwound."""
 
-    def run(self, indices: Sequence[int], op: Op, *, breaks: bool) -> Coroutine[Any, Any, Results]:
-        """Run ``op`` on ``indices`` and return every env's result, or raise.
-
-        ``breaks``: a failure leaves envs half-updated (step, reset), so the
-        vector env becomes ``BROKEN``; otherwise its state is restored.
-        """
-        return self._finish(self.gather(indices, op), op.name, None, False, self.life.state, breaks)
-
-    def step(self, indices: Sequence[int], op: Op) -> Results | Coroutine[Any, Any, Results]:
-        """`run` of a lock-step step (it ``breaks``): the results, or a coroutine to await.
-
-        The straight path (see the module) returns every env's results when they
-        all came at once, cleanly; anything else is handed over to `_finish`.
-        """
-        sent, life = self.sent, self.life
-        before = life.state
-        if sent.envs or sent.held != ({}, {}):  # a step amid sent envs: the general path
-            return self.run(indices, op, breaks=True)
-        backend = self.backend
-        life.state = State.BUSY
-        since = time.perf_counter()
-        try:
-            backend.launch(indices, op)
-            if backend.pending:
-                outcomes = self._launched(indices, op.name, since, None)
-            else:
-                results, errors = backend.take()
-                self.check_steps(results, errors)
-                if not errors:
-                    if self._restarter.watching:
-                        self._restarter.stepped(results, errors)
-                    life.state = before
-                    return results
-                outcomes = _given((results, errors))
-        except BaseException as exc:  # Ctrl-C out of a sync env: unwound by the general path
-            outcomes = _raised(exc)
-        return self._finish(outcomes, op.name, None, False, before, True)
-
-    def receive(
-        self, call: str, wanted: int, wait: float | None, *, strict: bool
-    ) -> Coroutine[Any, Any, Results]:
-        """Results of sent envs once ``wanted`` are in (or ``wait`` s passed), or raise.
-
-        ``strict``: ``wanted`` envs or an error; those still out after ``wait``
-        seconds fail with ``TimeoutError`` (and are cancelled, like any failed
-        call's siblings), so the call raises `aiovec.EnvTimeoutError`.  The
-        caller says which state the vector env is in after.
-        """
-        name = PENDING[self.life.state]  # what is in flight: "step" or "reset"
-        outcomes = self._collect_sent(wanted, wait, name)
-        least = wanted if strict else 0
-        return self._finish(outcomes, name, call, True, State.READY, True, least, wait, not strict)
-
-    async def _finish(  # noqa: PLR0917  (positional: it is on the hot path of every call)
+    async def run(
         self,
-        outcomes: Coroutine[Any, Any, Outcomes],
-        name: str,
-        call: str | None,
-        sent: bool,
-        before: State,
-        breaks: bool,
-        least: int = 0,
+        indices: Sequence[int],
+        op: Op | None,
+        *,
+        breaks: bool = True,
+        wanted: int = 0,
         wait: float | None = None,
-        sends: bool = False,
+        call: str | None = None,
+        strict: bool = True,
     ) -> Results:
-        """The one end of every call: await ``outcomes``, restart, raise (see the module).
+        """The one route of every call: launch, collect, finish (see the module).
 
         Args:
-            outcomes: Collects the envs' outcomes.
-            name: The op in flight (``"step"``, ``"reset"``, ``"call"``, ...).
+            indices: The envs of ``op``.
+            op: The call to launch on ``indices`` and collect from every one
+                of them (`gather`); ``None`` receives envs sent before
+                (`receive`): they leave `Sent` here, and the caller says which
+                state the vector env is in after.
+            breaks: A failure leaves envs half-updated (step, reset), so the
+                vector env becomes ``BROKEN``; otherwise its state is restored.
+            wanted: A receive's count of outcomes to wait for.
+            wait: A receive's own timeout (``None``: no limit).
             call: The call as its caller is named (``"recv()"``); ``None``: ``name()``.
-            sent: The envs were sent (`receive`): they leave `Sent` here, and
-                the caller says which state the vector env is in after.
-            before: The state to restore on success (not ``sent``) or when a
-                failure does not break the vector env.
-            breaks: A failure leaves the vector env ``BROKEN``.
-            least: Unless this many outcomes came, the envs still out fail
-                with ``TimeoutError`` (the caller's ``wait``); 0: none is due.
-            wait: The caller's timeout, for that message.
-            sends: More envs may be sent until this call ends (``recv()``: the
-                vector env is ``RECEIVING`` meanwhile; what they deliver while
-                a restart waits for its own envs is held for this call).
+            strict: ``wanted`` outcomes or an error: the envs still out after
+                ``wait`` fail with ``TimeoutError``.  Not strict (``recv()``):
+                what came by then is returned, and more envs may be sent
+                until this call ends (the vector env is ``RECEIVING``
+                meanwhile; what they deliver while a restart waits for its
+                own envs is held for this call).
+
+        Returns:
+            Every env's result, by env index.
         """
-        life, sent_envs = self.life, self.sent
-        life.state = State.RECEIVING if sends else State.BUSY
+        life, sent = self.life, self.sent
+        if op is None:
+            name, before = PENDING[life.state], _READY
+        else:
+            name, before = op.name, life.state
+        life.state = _BUSY if strict else _RECEIVING
         refusal = ""
         try:
-            results, errors = await outcomes
-            late: set[int] | None = None
-            if least and len(results) + len(errors) < least:  # the caller's timeout
-                late = sent_envs.envs.difference(results, errors)
-                for i in late:
-                    errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
+            if op is not None:
+                results, errors = await self.gather(indices, op)
+            elif self.backend.pending:
+                results, errors = await self._collect_sent(wanted, wait, name)
+            else:  # every sent env is in (answered as it was sent, or since)
+                results, errors = sent.take_held(self.backend.take())
+            late = op is None and strict and len(results) + len(errors) < wanted
+            if late:  # a receive's own timeout
+                self._fail_late(results, errors, call, wait)
             if name == "step":
-                self.check_steps(results, errors)
+                if type(results) is not Rows or results.singles:  # (blocks are exact)
+                    self.check_steps(results, errors)
                 if self._restarter.watching:  # an outage, or envs restarted lately
                     self._restarter.stepped(results, errors)
-            while errors and not late and self._restarter.restartable(errors, step=name == "step"):
-                refusal = self._restarter.charge(errors)
-                if refusal:
-                    break
-                results.update(await self._restarter.restart(errors, name, self.gather))
-                # what other sent envs delivered while the restart waited for its own
-                more, errors = sent_envs.take_held(({}, {}))
-                self.check_steps(more, errors)
-                results.update(more)
+            if errors and not late and name == "step" and self._restarter.policy is not None:
+                refusal = await self._restart(results, errors, name)
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
             self.abandon(f"{call or name + '()'} was abandoned unfinished")
             raise
-        except BaseException as exc:
-            if life.state is not State.CLOSED:
+        except BaseException as exc:  # Ctrl-C (out of a sync env too), cancelled, ...
+            if life.state is not _CLOSED:
                 await self.drain()
                 life.break_(f"{call or name + '()'} was interrupted ({type(exc).__name__})")
             raise
@@ -214,52 +176,91 @@ class Flight:
             if self.unwound is not None:
                 self.unwound.set_result(None)
                 self.unwound = None
-        if sent:
-            if name == "reset":
-                errors.update(sent_envs.unbuilt)  # why they are still lost
-            sent_envs.done(results, errors)
-        if life.state is State.CLOSED:
-            said = "waiting" if sent else "in flight"
+        if op is None:
+            sent.done(results, errors, reset=name == "reset")
+        if life.state is _CLOSED:
+            said = "waiting" if op is None else "in flight"
             raise ClosedError(f"the vector env was closed while {call or name + '()'} was {said}")
         if errors:
-            if sent:
+            if op is None:
                 await self.drain()
             self._raise_for(errors, name, before, breaks, note=refusal)
-        if not sent:
+        if op is not None:
             life.state = before
         return results
+
+    def _fail_late(self, results: Results, errors: dict[int, Any], call: Any, wait: Any) -> None:
+        """The sent envs still out after a receive's own ``wait`` fail with TimeoutError."""
+        for i in self.sent.envs.difference(results, errors):
+            errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
+
+    async def _restart(self, results: Results, errors: dict[int, BaseException], name: str) -> str:
+        """Restart the failed envs of a step (``errors``), as often as envs fail; the refusal.
+
+        Each restarted env's row goes into ``results``; ``errors`` is left with
+        the failures that were not restarted (the restart limit refused them:
+        its reason is returned).  Amid sent envs, what the others delivered
+        while a restart waited for its own envs is taken in too.
+        """
+        restarter, sent = self._restarter, self.sent
+        while errors and restarter.restartable(errors, step=True):
+            refusal = restarter.charge(errors)
+            if refusal:
+                return refusal
+            results.update(await restarter.restart(dict(errors), name, self.gather))
+            more, failed = sent.take_held(({}, {}))
+            self.check_steps(more, failed)
+            results.update(more)
+            errors.clear()
+            errors.update(failed)
+        return ""
+
+    def receive(
+        self, call: str, wanted: int, wait: float | None, *, strict: bool
+    ) -> Coroutine[Any, Any, Results]:
+        """`run` for sent envs: their results once ``wanted`` are in (or ``wait`` s passed).
+
+        ``strict``: ``wanted`` envs or an error; those still out after ``wait``
+        seconds fail with ``TimeoutError`` (and are cancelled, like any failed
+        call's siblings), so the call raises `aiovec.EnvTimeoutError`.  The
+        caller says which state the vector env is in after.
+        """
+        return self.run((), None, wanted=wanted, wait=wait, call=call, strict=strict)
 
     async def gather(self, indices: Sequence[int], op: Op) -> Outcomes:
         """Launch ``op`` and collect every env's outcome; late envs fail with TimeoutError.
 
         Every env's call runs to its end, failed or not: the errors reported
         never depend on which env happened to finish first.  A ``reset`` first
-        rebuilds the envs that the backend lost (their worker died).
+        rebuilds the envs that the backend lost (their worker died).  Amid
+        envs sent earlier (a restart, a ``reset_mask``), only ``op``'s envs are
+        collected; the others' outcomes are held for the receive (`Sent.keep`).
         """
-        backend, name = self.backend, op.name
+        backend, name, sent = self.backend, op.name, self.sent
         unbuilt = await self.rebuild_lost(indices) if name == "reset" else None
+        own = set(indices) if sent.envs else None
         since = time.perf_counter()
-        own = set(indices) if self.sent.envs else None  # a restart amid sent envs
         backend.launch(indices, op)
-        if not backend.pending:
-            outcomes = self.sent.keep(backend.take(), own)
+        if not backend.pending:  # every env answered in the launch
+            outcomes = backend.take() if own is None else sent.keep(backend.take(), own)
         else:
-            outcomes = await self._launched(indices, name, since, own)
+            if self.unwound is None:
+                self.unwound = asyncio.get_running_loop().create_future()
+            resets = _resetting(indices, op) if self._uneven else ()
+            timeout = self.reset_timeout if name == "reset" else self.step_timeout
+            if own is None and timeout is None and not resets:
+                outcomes = await backend.collect(len(indices))
+            else:
+                outcomes = await self.collect(
+                    len(indices), name, lambda i: since, own=own, resets=resets
+                )
         if unbuilt:
             outcomes[1].update(unbuilt)  # why they are still lost
         return outcomes
 
-    async def _launched(
-        self, indices: Sequence[int], name: str, since: float, own: set[int] | None
-    ) -> Outcomes:
-        """Collect the outcomes of a call launched at ``since`` on ``indices``, some still out."""
-        backend = self.backend
-        if self.unwound is None:
-            self.unwound = asyncio.get_running_loop().create_future()
-        timeout = self._timeout_of(name)
-        if timeout is None and own is None:
-            return await backend.collect(len(indices))
-        return await self.collect(len(indices), timeout, name, lambda i: since, own=own)
+    def _timeout_of(self, name: str) -> float | None:
+        """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""
+        return self.reset_timeout if name == "reset" else self.step_timeout
 
     async def rebuild_lost(self, indices: Sequence[int]) -> dict[int, BaseException]:
         """Before a reset, rebuild the envs of ``indices`` the backend lost; those it could not."""
@@ -284,9 +285,9 @@ class Flight:
 
     def send(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""
-        self.sent.start(ids, time.perf_counter())
+        self.sent.start(ids, time.perf_counter(), _resetting(ids, op) if self._uneven else ())
         life, backend = self.life, self.backend
-        receiving = life.state is State.RECEIVING
+        receiving = life.state is _RECEIVING
         if not receiving:
             life.state = State.RESET_SENT if op.name == "reset" else State.SENT
         try:
@@ -297,7 +298,9 @@ class Flight:
         if receiving:  # the recv() waiting re-plans: some may be done, their deadlines count
             backend.wake()
 
-    async def _collect_sent(self, wanted: int, wait_s: float | None, name: str) -> Outcomes:
+    def _collect_sent(
+        self, wanted: int, wait_s: float | None, name: str
+    ) -> Coroutine[Any, Any, Outcomes]:
         """Outcomes of sent envs until ``wanted`` arrived, ``wait_s`` passed or all are in.
 
         ``name`` is the call in flight (``"step"``, ``"reset"``): its timeout applies.
@@ -305,45 +308,57 @@ class Flight:
         if self.unwound is None:
             self.unwound = asyncio.get_running_loop().create_future()
         until = None if wait_s is None else time.perf_counter() + wait_s
-        launched = self.sent.at.__getitem__
-        return await self.collect(wanted, self._timeout_of(name), name, launched, until)
+        sent = self.sent
+        return self.collect(wanted, name, sent.at.__getitem__, until, resets=sent.resets)
 
     async def collect(
         self,
         wanted: int,
-        timeout: float | None,  # noqa: ASYNC109  (each env's own deadline, not this call's)
         name: str,
         launched: Callable[[int], float],
         until: float | None = None,
         *,
         own: set[int] | None = None,
+        resets: Collection[int] = (),
     ) -> Outcomes:
         """Collect until ``wanted`` envs are in, none is in flight, or ``until`` passed.
 
-        An env still running ``timeout`` seconds after its own start (see
-        `_core.deadlines`) is cancelled and fails with ``TimeoutError``; its
-        start is never before ``launched(i)``, when its call was launched.
-        Times are on the ``time.perf_counter`` clock.  With ``own``, only those
-        envs are collected (and timed): the outcomes of the others are held
-        for the `receive` in progress (`Sent.keep`).
+        An env still running its timeout after its own start (see
+        `_core.deadlines`: ``reset_timeout`` for the envs of ``resets`` and for
+        a reset, else the timeout of ``name``) is cancelled and fails with
+        ``TimeoutError``; its start is never before ``launched(i)``, when its
+        call was launched.  Times are on the ``time.perf_counter`` clock.  With
+        ``own``, only those envs are collected (and timed): the outcomes of the
+        others are held for the `receive` in progress (`Sent.keep`).
         """
         backend, sent = self.backend, self.sent
+        timeout, reset_timeout = self._timeout_of(name), self.reset_timeout
+        timed = timeout is not None or bool(resets)
         if own is None:
             results, errors = sent.take_held(backend.take())
         else:
             results, errors = sent.keep(backend.take(), own)
-        expired: set[int] = set()
+        expired: dict[int, float | None] = {}
         while len(results) + len(errors) < wanted and self._out(own):
             now = time.perf_counter()
             wait: float | None = None
-            if timeout is not None:
+            if timed:
                 out = backend.pending if own is None else backend.pending & own
-                starts = (
-                    (i, _not_before(backend.started_at(i), launched(i))) for i in out - expired
+                late, wait = overdue(
+                    (
+                        (
+                            i,
+                            _not_before(backend.started_at(i), launched(i)),
+                            reset_timeout if i in resets else timeout,
+                        )
+                        for i in out
+                        if i not in expired
+                    ),
+                    now,
                 )
-                late, wait = overdue(starts, timeout, now)
                 if late:
-                    expired.update(late)
+                    for i in late:
+                        expired[i] = reset_timeout if i in resets else timeout
                     backend.cancel(late)
                     continue  # collect what the cancellation delivered at once
             if until is not None:
@@ -363,15 +378,25 @@ class Flight:
             more_results, more_errors = sent.keep(backend.take(), own)
             results.update(more_results)
             errors.update(more_errors)
-        timed_out = sorted(i for i in expired.intersection(errors) if _cancelled(errors[i]))
+            self._timed_out(expired, errors, name)
+        return results, errors
+
+    def _timed_out(
+        self, expired: dict[int, float | None], errors: dict[int, BaseException], name: str
+    ) -> None:
+        """The envs ``expired`` (past their timeout) that were cancelled fail with TimeoutError."""
+        timed_out = sorted(i for i in expired if i in errors and _cancelled(errors[i]))
         for i in timed_out:
-            errors[i] = TimeoutError(f"env {i} did not answer {name}() within {timeout} s")
+            what = name if expired[i] == self._timeout_of(name) else "reset"
+            errors[i] = TimeoutError(f"env {i} did not answer {what}() within {expired[i]} s")
         if timed_out and not (name == "step" and self._restarter.policy is not None):
             # (a step's timeouts under a restart policy are counted in its outage)
             logger.warning(
-                "%s did not answer %s() within %s s; cancelled", say_envs(timed_out), name, timeout
+                "%s did not answer %s() within %s s; cancelled",
+                say_envs(timed_out),
+                name,
+                expired[timed_out[0]],
             )
-        return results, errors
 
     def _out(self, own: set[int] | None) -> bool:
         """Whether some env is still in flight (of ``own``, when given)."""
@@ -445,14 +470,14 @@ def error_for(errors: dict[int, BaseException], operation: str) -> EnvError:
     return kind(causes, operation)
 
 
-async def _given(outcomes: Outcomes) -> Outcomes:
-    """Outcomes already in, as `Flight._finish` awaits them."""
-    return outcomes
+def _resetting(indices: Sequence[int], op: Op) -> list[int]:
+    """The envs of a step ``op`` that reset instead of stepping: their deadline is a reset's.
 
-
-async def _raised(error: BaseException) -> NoReturn:
-    """Raise ``error`` where `Flight._finish` awaits outcomes (a launch that raised)."""
-    raise error
+    A ``NEXT_STEP`` autoreset, a collector's reset (`StepOp.reset_first`).
+    """
+    if type(op) is not StepOp or not any(op.reset_first):
+        return []
+    return [i for i, first in zip(indices, op.reset_first, strict=True) if first]
 
 
 def _not_before(start: float | None, launched: float) -> float | None:

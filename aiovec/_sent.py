@@ -26,7 +26,7 @@ class Sent:
         num_envs: How many envs the vector env has.
     """
 
-    __slots__ = ("at", "envs", "held", "reset_mask", "unbuilt")
+    __slots__ = ("at", "envs", "held", "reset_mask", "resets", "unbuilt")
 
     def __init__(self, num_envs: int) -> None:
         self.envs: set[int] = set()
@@ -35,20 +35,34 @@ class Sent:
         """When each env was last sent (``time.perf_counter``)."""
         self.held: Outcomes = ({}, {})
         """Outcomes of sent envs that came while a restart waited for its own envs."""
+        self.resets: set[int] = set()
+        """The envs sent whose call is a reset (an autoreset, a collector's): their deadline
+        is ``reset_timeout``."""
         self.reset_mask: np.ndarray | None = None
         """The ``reset_mask`` of the reset in flight (``RESET_SENT``)."""
         self.unbuilt: dict[int, BaseException] = {}
         """The lost envs that reset in flight could not rebuild, and why."""
 
-    def start(self, ids: Sequence[int], now: float) -> None:
-        """``ids`` are sent at ``now``."""
+    def start(self, ids: Sequence[int], now: float, resets: Sequence[int] = ()) -> None:
+        """``ids`` are sent at ``now``; those of ``resets`` reset (instead of stepping)."""
         self.envs.update(ids)
         at = self.at
         for i in ids:
             at[i] = now
+        if resets or self.resets:
+            self.resets.difference_update(ids)
+            self.resets.update(resets)
 
-    def done(self, results: Iterable[int], errors: Iterable[int]) -> None:
-        """The envs of ``results`` and ``errors`` are received (their outcomes handed over)."""
+    def done(
+        self, results: Iterable[int], errors: dict[int, BaseException], *, reset: bool = False
+    ) -> None:
+        """The envs of ``results`` and ``errors`` are received (their outcomes handed over).
+
+        A sent ``reset`` adds to ``errors`` why the lost envs it could not
+        rebuild are still lost (`unbuilt`).
+        """
+        if reset:
+            errors.update(self.unbuilt)
         envs = self.envs
         envs.difference_update(results)
         envs.difference_update(errors)
@@ -56,6 +70,7 @@ class Sent:
     def clear(self) -> None:
         """Nothing is in flight any more (cancelled, drained or abandoned); nothing held."""
         self.envs.clear()
+        self.resets.clear()
         self.held = ({}, {})
 
     def keep(self, outcomes: Outcomes, own: set[int] | None) -> Outcomes:

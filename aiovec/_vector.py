@@ -18,11 +18,8 @@ The vector env owns its parts and delegates to them:
   outcomes held for them.
 
 gymnasium's ``AsyncVectorEnv`` spellings, which only ``BlockingVectorEnv``
-offers, are the same path: ``_step_async`` is a ``send`` of every env,
-``_step_wait`` a receive of every env batched as ``step`` batches;
-``_reset_async`` launches a reset the same way (``RESET_SENT``) and
-``_reset_wait`` receives it.  A wait's own ``timeout`` fails the envs still out
-with ``TimeoutError``: they are cancelled, nothing of them can come later.
+offers, and the collectors' resets start and receive envs through the same
+parts (`aiovec._sends.Sends`).
 """
 
 from __future__ import annotations
@@ -32,8 +29,8 @@ import contextlib
 import contextvars
 import warnings
 from collections.abc import Callable, Coroutine, Mapping, MutableMapping, Sequence
-from types import CoroutineType, TracebackType
-from typing import Any, Generic, Self, TypeVar, cast
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 import numpy as np
@@ -47,7 +44,6 @@ from aiovec._core.batching import Batcher, StepBatch
 from aiovec._core.calls import (
     KEEP_ENDED,
     RENDER,
-    Autoreset,
     CallMethod,
     EnvCall,
     GetAttr,
@@ -56,11 +52,12 @@ from aiovec._core.calls import (
     SetAttr,
 )
 from aiovec._core.latency import LatencyStats
-from aiovec._core.lifecycle import Lifecycle, State, VectorCall
+from aiovec._core.lifecycle import Lifecycle, State, VectorCall, allowed_in
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._core.restart import RestartPolicy
+from aiovec._core.rows import Rows
 from aiovec._errors import EnvError, StateError
-from aiovec._flight import Flight, error_for
+from aiovec._flight import Flight
 from aiovec._restarter import Restarter, policy_of
 from aiovec._sent import Sent
 from aiovec.backends import Backend, load_backend
@@ -71,6 +68,12 @@ EnvIds = Sequence[int] | np.ndarray
 """Env indices a call names (``send``'s ``env_ids``, ``call``'s, ...)."""
 
 RecvBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]
+
+# An enum member read off its class costs 0.1-0.2 us on Python 3.11 (``EnumType``
+# has a ``__getattr__``): what runs on every call reads module names instead.
+_STEP, _SEND, _RECV = VectorCall.STEP, VectorCall.SEND, VectorCall.RECV
+_READY, _SENT = State.READY, State.SENT
+_STEP_OK, _SEND_OK, _RECV_OK = allowed_in(_STEP), allowed_in(_SEND), allowed_in(_RECV)
 """``(observations, rewards, terminations, truncations, infos, env_ids)``."""
 
 _DEFERRED: contextvars.ContextVar[list[Coroutine[Any, Any, None]] | None] = contextvars.ContextVar(
@@ -275,14 +278,17 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._batcher = Batcher(single, traits.action_spaces[0], self.num_envs, self.copy, batched)
         self._autoreset = AutoresetState(mode, self.num_envs, self._hook)
         self._sent = Sent(self.num_envs)
+        self._check = validate.step_result_checker(single)
+        self._order = tuple(range(self.num_envs))
         restarter = Restarter(self.restart_policy, self.num_envs, self._backend, self._autoreset)
         self._flight = Flight(
             self._backend,
             self._life,
             self._sent,
             restarter,
-            check_results=validate.step_result_checker(single),
-            timeout_of=self._timeout_of,
+            check_results=self._check,
+            step_timeout=self.step_timeout,
+            reset_timeout=self.reset_timeout,
         )
         self._all = range(self.num_envs)
 
@@ -413,26 +419,23 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             ``(observations, rewards, terminations, truncations, infos)``,
             ordered by env index.
         """
-        self._life.check(VectorCall.STEP)
+        if self._life.state not in _STEP_OK:
+            self._life.check(_STEP)  # refused
         per_env = self._batcher.split_actions(actions)
         reset_first = self._autoreset.plan()
-        op = StepOp(
-            self.autoreset_mode,
-            per_env,
-            reset_first,
-            batch=self._batch_of(actions, reset_first),
-            timed=self.step_timeout is not None,
+        batch = actions if self._hook is None else self._batch_of(actions, reset_first)
+        timed = self.step_timeout is not None or (
+            self.reset_timeout is not None and any(reset_first)
         )
-        results = self._flight.step(self._all, op)
-        if isinstance(results, CoroutineType):  # handed over: some env is still out, or news
-            return self._stepped(await results)
-        return self._stepped(cast("MutableMapping[int, Any]", results))
+        op = StepOp(self.autoreset_mode, per_env, reset_first, "step", batch, False, timed)
+        return self._stepped(await self._flight.run(self._all, op))
 
     def _stepped(self, results: MutableMapping[int, Any]) -> StepBatch:
         """The batch of a step whose every env answered; the vector env is ready."""
-        batch = self._batcher.step_batch(self._all, results)
+        clean = None if type(results) is Rows else self._check.clean_columns(results, self._order)
+        batch = self._batcher.step_batch(self._all, results, clean)
         self._autoreset.stepped(None, batch[2], batch[3])
-        self._life.state = State.READY
+        self._life.state = _READY
         return batch
 
     def send(self, actions: Any, env_ids: EnvIds | None = None) -> None:
@@ -465,16 +468,18 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         ``checked``: the caller checked the actions (naming its policy and the
         envs of the policy's call in its errors).
         """
-        self._life.check(VectorCall.SEND)
-        ids = validate.check_env_ids(env_ids, self.num_envs)
+        if self._life.state not in _SEND_OK:
+            self._life.check(_SEND)  # refused
+        ids = self._all if env_ids is None else validate.check_env_ids(env_ids, self.num_envs)
         busy = sorted(self._sent.envs.intersection(ids))
         if busy:
             raise StateError(f"env(s) {busy} are still in flight from send(); recv() them first")
         per_env = self._batcher.split_actions(actions, len(ids), checked=checked)
         keep_ended = keep_ended and self.autoreset_mode is AutoresetMode.SAME_STEP
-        reset_first: list[Any] = (
-            [KEEP_ENDED] * len(ids) if keep_ended else self._autoreset.plan(ids)
-        )
+        if keep_ended:
+            reset_first: list[Any] = [KEEP_ENDED] * len(ids)
+        else:
+            reset_first = self._autoreset.plan(None if env_ids is None else ids)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -482,8 +487,11 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
                 "send() starts envs on the running event loop: call it from async code "
                 "(BlockingVectorEnv.send works from anywhere)"
             ) from None
-        batch = None if keep_ended else self._batch_of(actions, reset_first)
-        op = StepOp(self.autoreset_mode, per_env, reset_first, batch=batch, stream=True)
+        if keep_ended:
+            batch = None
+        else:
+            batch = actions if self._hook is None else self._batch_of(actions, reset_first)
+        op = StepOp(self.autoreset_mode, per_env, reset_first, "step", batch, True, False)
         self._flight.send(ids, op, "send()")
 
     def _batch_of(self, actions: Any, reset_first: list[Any]) -> Any:
@@ -511,123 +519,19 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         Returns:
             ``(observations, rewards, terminations, truncations, infos, env_ids)``.
         """
-        self._life.check(VectorCall.RECV)
+        if self._life.state not in _RECV_OK:
+            self._life.check(_RECV)  # refused
         wanted = validate.check_min_envs(min_envs, len(self._sent.envs))
-        wait = validate.check_timeout("timeout", timeout)
+        wait = None if timeout is None else validate.check_timeout("timeout", timeout)
         results = await self._flight.receive("recv()", wanted, wait, strict=False)
         ids = sorted(results)
-        batch = self._batcher.subset_batch(ids, results)
+        clean = None
+        if len(ids) == self.num_envs and type(results) is not Rows:
+            clean = self._check.clean_columns(results, self._order)
+        batch = self._batcher.subset_batch(ids, results, clean)
         self._autoreset.stepped(ids, batch[2], batch[3])
-        self._life.state = State.SENT if self._sent.envs else State.READY
+        self._life.state = _SENT if self._sent.envs else _READY
         return (*batch, np.array(ids, dtype=np.int64))
-
-    async def _send_resets(
-        self,
-        seed: int | Sequence[int | None] | None = None,
-        *,
-        env_ids: EnvIds | None = None,
-        options: Sequence[dict[str, Any] | None] | None = None,
-    ) -> None:
-        """Start a reset of some envs, each collected by `recv` as soon as it is done.
-
-        The envs are seeded and given options as ``reset(seed=seed)`` would
-        (counting over ``env_ids``; ``options[k]``, when given, is env
-        ``env_ids[k]``'s own, over the reset-options hook's); each env's reset
-        comes back from ``recv()`` as a row of its own (reward 0, both flags
-        false, the reset's info), so an env may step again while others still
-        reset.  A collector starts so, and starts an env's next episode so.
-
-        With no env in flight this is a start: a broken vector env is cleared
-        and lost envs are rebuilt first.  While envs are in flight (or a
-        ``recv`` waits) it is sent as `send` is, to envs that are not in flight.
-        """
-        ids = self._all if env_ids is None else validate.check_env_ids(env_ids, self.num_envs)
-        seeds = validate.check_seeds(seed, len(ids))
-        if options is not None and len(options) != len(ids):
-            raise ValueError(
-                f"options must have one entry per env ({len(ids)}), got {len(options)}"
-            )
-        in_flight = self._life.state in {State.SENT, State.RECEIVING}
-        self._life.check(VectorCall.SEND if in_flight else VectorCall.RESET)
-        if in_flight:
-            busy = sorted(self._sent.envs.intersection(ids))
-            if busy:
-                raise StateError(f"env(s) {busy} are still in flight; recv() them first")
-        else:
-            await self._flight.clear_break()
-            unbuilt = await self._flight.rebuild_lost(self._all)
-            if unbuilt:
-                self._life.break_("reset() could not rebuild lost envs")
-                raise error_for(unbuilt, "reset()")
-        autoreset = self._autoreset
-        explicit = [None] * len(ids) if options is None else options
-        plan: list[Any] = [
-            Autoreset(Reset(seeds[k], autoreset.reset_options(i, explicit[k])), True)
-            for k, i in enumerate(ids)
-        ]
-        mask = None
-        if env_ids is not None:
-            mask = np.zeros(self.num_envs, np.bool_)
-            mask[list(ids)] = True
-        autoreset.was_reset(mask)
-        op = StepOp(self.autoreset_mode, [None] * len(ids), plan, batch=None, stream=True)
-        self._flight.send(ids, op, "reset()")
-
-    def _timeout_of(self, name: str) -> float | None:
-        """Seconds an env may take to answer the call ``name`` (``None``: no limit)."""
-        return self.reset_timeout if name == "reset" else self.step_timeout
-
-    async def _drain_sent(self) -> None:
-        """Cancel (and wait for) every env still in flight (BlockingVectorEnv's terminate)."""
-        await self._flight.drain()
-
-    async def _stop_sent(self, reason: str) -> None:
-        """Cancel (and wait for) the envs in flight from send(); a reset is needed then."""
-        await self._flight.stop(reason)
-
-    # -- gymnasium's AsyncVectorEnv spellings (BlockingVectorEnv's; one set of rules) --
-
-    def _step_async(self, actions: Any) -> None:
-        """``step_async``: `send` ``actions`` to every env (from code running in the loop)."""
-        self._life.check(VectorCall.STEP_ASYNC)
-        self.send(actions)
-
-    async def _step_wait(
-        self,
-        timeout: float | None,  # noqa: ASYNC109  (gymnasium's; the envs out then are cancelled)
-    ) -> StepBatch:
-        """``step_wait``: every env's step from `_step_async`, batched as `step` batches it."""
-        self._life.check(VectorCall.STEP_WAIT)
-        wait = validate.check_timeout("timeout", timeout)
-        if len(self._sent.envs) < self.num_envs:
-            idle = sorted(set(self._all) - self._sent.envs)
-            raise StateError(
-                f"cannot call step_wait(): it collects a step of every env, and env(s) {idle} "
-                "are not in flight; recv() the envs sent with send()"
-            )
-        results = await self._flight.receive("step_wait()", self.num_envs, wait, strict=True)
-        return self._stepped(results)
-
-    async def _reset_async(self, seed: object, options: object) -> None:
-        """``reset_async``: start a reset (see `reset`) and return; `_reset_wait` collects it."""
-        indices, op, mask = self._reset_call(VectorCall.RESET_ASYNC, seed, options)
-        await self._flight.clear_break()
-        sent = self._sent
-        sent.unbuilt = await self._flight.rebuild_lost(indices)
-        sent.reset_mask = mask
-        self._flight.send(indices, op, "reset_async()")
-
-    async def _reset_wait(
-        self,
-        timeout: float | None,  # noqa: ASYNC109  (gymnasium's; the envs out then are cancelled)
-    ) -> tuple[ObsType, dict[str, Any]]:
-        """``reset_wait``: the reset started by `_reset_async`, as `reset` returns it."""
-        self._life.check(VectorCall.RESET_WAIT)
-        wait = validate.check_timeout("timeout", timeout)
-        mask = self._sent.reset_mask
-        indices = sorted(self._sent.envs)
-        results = await self._flight.receive("reset_wait()", len(indices), wait, strict=True)
-        return self._reset_done(indices, results, mask)
 
     def latency_stats(self) -> LatencyStats:
         """Latency of each env's recent calls that waited (which server is slow?).

@@ -622,6 +622,39 @@ def test_latency_keeps_each_envs_last_window_samples_in_order(calls):
             assert stats.p99[i] == pytest.approx(np.percentile(list(samples), 99))
 
 
+# -- the step-result check hands what it made to the batcher ----------------------------
+
+
+def test_a_clean_batch_is_handed_to_the_batcher_once_only_as_checked_in_env_order():
+    space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    checker = validate.step_result_checker(space)
+    row = (np.zeros(2, np.float32), 1.0, False, False, {}, None)
+    results = {0: row, 1: row}
+    assert checker(results) == {}
+    clean = checker.clean_columns(results, (0, 1))
+    assert clean is not None
+    columns, stacked = clean
+    assert columns[1] == (1.0, 1.0)
+    assert stacked.shape == (2, 2)
+    assert stacked.dtype == np.float32
+    assert checker.clean_columns(results, (0, 1)) is None  # handed over once
+    assert checker(results) == {}
+    assert checker.clean_columns(dict(results), (0, 1)) is None  # another mapping
+    reordered = {1: row, 0: row}
+    assert checker(reordered) == {}
+    assert checker.clean_columns(reordered, (0, 1)) is None  # not in env order
+    bad = {0: row, 1: (np.zeros(3, np.float32), 1.0, False, False, {}, None)}
+    assert set(checker(bad)) == {1}
+    assert checker.clean_columns(bad, (0, 1)) is None  # nothing clean to hand over
+    batcher = Batcher(space, spaces.Discrete(2), 2, copy=True)
+    assert checker(results) == {}
+    got = batcher.step_batch(range(2), results, checker.clean_columns(results, (0, 1)))
+    want = Batcher(space, spaces.Discrete(2), 2, copy=True).step_batch(range(2), results)
+    for g, w in zip(got[:4], want[:4], strict=True):
+        assert np.array_equal(g, w)
+        assert g.dtype == w.dtype
+
+
 # -- per-env deadlines: (starts, now) -> late envs and the next wait -------------------
 
 DEADLINES = [
@@ -631,13 +664,20 @@ DEADLINES = [
     ({0: 0.0, 1: None}, 1.0, [0], 1.0),  # a queued env is never late; look again in 1 s
     ({0: None, 1: None}, 5.0, [], 1.0),
     ({0: 3.5, 1: 0.0, 2: 3.25}, 4.0, [1], 0.25),
-    ({}, 0.0, [], 1.0),
+    ({}, 0.0, [], None),  # no deadline to wait for
 ]
 
 
 @pytest.mark.parametrize(("starts", "now", "late", "wait"), DEADLINES)
 def test_each_env_is_due_timeout_after_its_own_start(starts, now, late, wait):
-    assert overdue(starts.items(), 1.0, now) == (late, wait)
+    assert overdue(((i, start, 1.0) for i, start in starts.items()), now) == (late, wait)
+
+
+def test_each_env_has_a_timeout_of_its_own():
+    """A reset (an autoreset too) is due after ``reset_timeout``, a step after ``step_timeout``."""
+    starts = [(0, 0.0, 0.2), (1, 0.0, 5.0), (2, 0.0, None), (3, None, 0.2)]
+    assert overdue(starts, 0.5) == ([0], 0.2)  # env 1 has 4.5 s left; env 2 no deadline
+    assert overdue([(2, 0.0, None)], 100.0) == ([], None)
 
 
 def test_latency_and_restart_books_take_no_memory_per_env_until_used():

@@ -26,6 +26,7 @@ import pytest_asyncio
 
 import aiovec
 from aiovec._log import slow_slice_limit
+from aiovec.backends import inline
 
 SPACE = gymnasium.spaces.Discrete(3)
 LIMIT = 0.02  # the loop's slow_callback_duration in these tests
@@ -155,6 +156,39 @@ async def test_a_cpu_bound_sync_env_on_inline_is_named(low_limit, caplog):
     await run([SyncFine, SyncFine, SyncHog])  # sync steps: named from the 2nd step on
     (warning,) = hog_warnings(caplog)
     assert warning.startswith("env 2 held the event loop on the CPU")
+
+
+class OnceHog(SyncFine):
+    """Holds the loop on its first step only (one stall, as a preempted step looks)."""
+
+    steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 1:
+            burn(BLOCK)
+        return super().step(action)
+
+
+@pytest.mark.asyncio
+async def test_after_a_stall_sync_steps_are_timed_env_by_env_only_for_a_while(
+    low_limit, monkeypatch
+):
+    """Timing each env costs a clock read per env: a one-off stall must not cost it forever."""
+    monkeypatch.setattr(inline, "TIMED_BATCHES", 3)
+    async with aiovec.AsyncioVectorEnv([SyncFine, OnceHog]) as venv:
+        await venv.reset()
+        backend = venv._backend
+        await venv.step(np.zeros(2, np.int64))  # the stall: find which env, from now on
+        assert backend._time_each_step == 3
+        for left in (2, 1, 0):
+            await venv.step(np.zeros(2, np.int64))
+            assert backend._time_each_step == left  # no env held the loop
+    async with aiovec.AsyncioVectorEnv([SyncFine, SyncHog]) as venv:
+        await venv.reset()
+        for _ in range(5):
+            await venv.step(np.zeros(2, np.int64))
+        assert venv._backend._time_each_step == 3  # a hog keeps it timed
 
 
 @pytest.mark.asyncio

@@ -35,6 +35,28 @@ def test_sent_records_envs_and_when_they_were_sent():
     assert sent.envs == set()
 
 
+def test_sent_remembers_which_envs_reset_until_they_are_sent_a_step():
+    """A sent reset (an autoreset, a collector's) has ``reset_timeout`` (`Flight.collect`)."""
+    sent = Sent(4)
+    sent.start([0, 1, 2], now=1.0, resets=[1])
+    assert sent.resets == {1}
+    sent.start([1, 3], now=2.0, resets=[3])  # env 1 steps now
+    assert sent.resets == {3}
+    sent.clear()
+    assert sent.resets == set()
+
+
+def test_a_sent_reset_says_why_its_lost_envs_are_still_lost():
+    sent = Sent(3)
+    lost = ValueError("its worker died")
+    sent.unbuilt = {2: lost}
+    sent.start([0, 1, 2], now=1.0)
+    errors: dict[int, BaseException] = {}
+    sent.done({0: "row", 1: "row"}, errors, reset=True)
+    assert errors == {2: lost}
+    assert sent.envs == set()  # all received: two rows, one error
+
+
 def test_keep_holds_the_outcomes_of_envs_outside_own():
     sent = Sent(4)
     boom = ValueError("boom")

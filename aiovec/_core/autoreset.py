@@ -30,6 +30,15 @@ from aiovec._errors import StateError
 
 __all__ = ("AutoresetState", "ResetHook")
 
+# An enum member read off its class costs 0.1-0.2 us on Python 3.11 (``EnumType``
+# has a ``__getattr__``, which keeps every read of a class attribute off CPython's
+# fast path): what runs on every step reads module names instead.
+_NEXT_STEP, _SAME_STEP, _DISABLED = (
+    AutoresetMode.NEXT_STEP,
+    AutoresetMode.SAME_STEP,
+    AutoresetMode.DISABLED,
+)
+
 ResetHook = Callable[[int, int], dict[str, Any] | None]
 """``reset_options(env_id, episode) -> dict | None``: the options of an env's episode."""
 
@@ -58,18 +67,18 @@ class AutoresetState:
             TypeError: The hook returned something other than a dict or None.
         """
         ended = self.ended if indices is None else [self.ended[i] for i in indices]
-        if self.mode is AutoresetMode.NEXT_STEP:
+        if self.mode is _NEXT_STEP:
             return (
                 ended if self.hook is None or not any(ended) else self._with_options(indices, ended)
             )
-        if self.mode is AutoresetMode.DISABLED and any(ended):
+        if self.mode is _DISABLED and any(ended):
             envs = [i for i, e in zip(indices or range(len(ended)), ended, strict=True) if e]
             raise StateError(
                 f"env(s) {envs} ended on their last step and autoreset_mode is DISABLED: "
                 "reset them first with reset(options={'reset_mask': mask})"
             )
         flags = [False] * len(ended)
-        if self.hook is None or self.mode is AutoresetMode.DISABLED:
+        if self.hook is None or self.mode is _DISABLED:
             return flags
         return self._with_options(indices, [True] * len(ended), now=False)
 
@@ -108,7 +117,7 @@ class AutoresetState:
         self, indices: Sequence[int] | None, terminations: np.ndarray, truncations: np.ndarray
     ) -> None:
         """Record the envs' episode ends after a step (``SAME_STEP`` already reset them)."""
-        same_step = self.mode is AutoresetMode.SAME_STEP
+        same_step = self.mode is _SAME_STEP
         if self.hook is not None:  # the envs reset in this step started an episode
             reset = (terminations | truncations).tolist() if same_step else self.plan_was(indices)
             self._started(indices, reset)

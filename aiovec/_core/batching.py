@@ -20,11 +20,14 @@ from aiovec._core.calls import Transition
 from aiovec._core.infos import merge_infos
 from aiovec._core.layout import StepArrays, copy_rows
 from aiovec._core.rows import Rows, StepBlock
-from aiovec._core.validate import action_checker
+from aiovec._core.validate import Columns, action_checker
 
 __all__ = ("Batcher", "StepBatch", "copy_batch", "stack_box")
 
 StepBatch = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+_NO_INFO: dict[str, Any] = {}
+"""The info of a row without one, under `Batcher.infos_per_env` (never modified)."""
 
 
 def stack_box(items: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -106,6 +109,8 @@ class Batcher:
         self._check_actions = action_checker(action_space, num_envs)
         self._subset_spaces: dict[int, spaces.Space[Any]] = {}  # batched, by count
         self._box = type(observation_space) is spaces.Box
+        self.infos_per_env = False
+        """Give step and receive infos as one dict per row (see `infos_of`), not batched."""
 
     # -- actions ---------------------------------------------------------------
 
@@ -144,39 +149,59 @@ class Batcher:
             entries.append((i, info))
         return self._observations(), merge_infos(self.num_envs, entries)
 
-    def step_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
-        """Batch the transitions of every env (``indices`` is ``range(num_envs)``)."""
-        if type(results) is Rows:
-            blocks = results.blocks_covering(self.num_envs)
-            if blocks is not None:
-                return self._step_blocks(blocks)
-        # Transpose in C (zip), then touch per env only what needs Python.
-        obs, rewards, terminations, truncations, infos_, finals = zip(
-            *map(results.__getitem__, indices), strict=True
-        )
-        env_obs = self._last_observations()
-        if len(indices) == self.num_envs:
-            env_obs[:] = obs
-        else:
-            for i, o in zip(indices, obs, strict=True):
-                env_obs[i] = o
-        infos: dict[str, Any] = {}
+    def step_batch(
+        self,
+        indices: Sequence[int],
+        results: Mapping[int, Transition],
+        clean: tuple[Columns, Any] | None = None,
+    ) -> StepBatch:
+        """Batch the transitions of every env (``indices`` is ``range(num_envs)``).
+
+        ``clean``: what the step-result check made of ``results``, in env order
+        (`StepChecker.clean_columns`): the transitions transposed, and a ``Box``
+        space's observations stacked (else ``None``).
+        """
+        stacked = None
+        if clean is not None:
+            (obs, rewards, terminations, truncations, infos_, finals), stacked = clean
+        elif type(results) is Rows and (blocks := results.blocks_covering(self.num_envs)):
+            return self._step_blocks(blocks)
+        else:  # transpose in C (zip), then touch per env only what needs Python
+            obs, rewards, terminations, truncations, infos_, finals = zip(
+                *map(results.__getitem__, indices), strict=True
+            )
+        self._block_obs_current = False  # every env's last observation is in ``obs``
+        self._env_obs[:] = obs
+        infos: Any = {}
         if any(infos_) or any(finals):  # many envs return no info at all
-            infos = merge_infos(
-                self.num_envs, _info_entries(zip(indices, infos_, finals, strict=True))
+            infos = self.infos_of(self.num_envs, zip(indices, infos_, finals, strict=True))
+        elif self.infos_per_env:
+            infos = [_NO_INFO] * self.num_envs
+        if stacked is None:
+            buffer = self._buffer
+            stacked = (
+                stack_box(obs, buffer.shape, buffer.dtype) if self._box else self._observations()
             )
         return (
-            self._observations(),
+            stacked,
             np.array(rewards, dtype=np.float64),
             np.array(terminations, dtype=np.bool_),
             np.array(truncations, dtype=np.bool_),
             infos,
         )
 
-    def subset_batch(self, indices: Sequence[int], results: Mapping[int, Transition]) -> StepBatch:
-        """Batch the transitions of some envs: row ``k`` is env ``indices[k]``."""
+    def subset_batch(
+        self,
+        indices: Sequence[int],
+        results: Mapping[int, Transition],
+        clean: tuple[Columns, Any] | None = None,
+    ) -> StepBatch:
+        """Batch the transitions of some envs: row ``k`` is env ``indices[k]``.
+
+        ``clean``: as for `step_batch`, when ``indices`` are every env.
+        """
         if len(indices) == self.num_envs and list(indices) == list(range(self.num_envs)):
-            return self.step_batch(indices, results)
+            return self.step_batch(indices, results, clean)
         rows = len(indices)
         if not rows:
             empty: Any = create_empty_array(self.single_observation_space, n=0, fn=np.zeros)
@@ -192,7 +217,7 @@ class Batcher:
         env_obs = self._last_observations()
         for i, o in zip(indices, obs, strict=True):
             env_obs[i] = o
-        infos = merge_infos(rows, _info_entries(zip(range(rows), infos_, finals, strict=True)))
+        infos = self.infos_of(rows, zip(range(rows), infos_, finals, strict=True))
         space = self.single_observation_space
         batch: Any
         if self._box:
@@ -219,7 +244,7 @@ class Batcher:
             arrays.rewards[rows],
             arrays.terminations[rows],
             arrays.truncations[rows],
-            merge_infos(len(rows), _info_entries(extras)) if extras else {},
+            self.infos_of(len(rows), extras) if extras or self.infos_per_env else {},
         )
 
     def _step_blocks(self, blocks: Sequence[StepBlock]) -> StepBatch:
@@ -257,15 +282,37 @@ class Batcher:
                     (i, block.infos.get(i), block.finals.get(i))
                     for i in sorted({*block.infos, *block.finals})
                 )
-        infos: dict[str, Any] = {}
-        if extras:
+        infos: Any = {}
+        if extras or self.infos_per_env:
             extras.sort(key=lambda extra: extra[0])
-            infos = merge_infos(n, _info_entries(extras))
+            infos = self.infos_of(n, extras)
         self._block_obs_current = True
         if not self.copy:
             return observations, rewards, terminations, truncations, infos
         batch = observations.copy() if self._box else copy_batch(observations)
         return batch, rewards, terminations, truncations, infos
+
+    def infos_of(
+        self, count: int, rows: Iterable[tuple[int, dict[str, Any] | None, dict[str, Any] | None]]
+    ) -> Any:
+        """The infos of a step's ``count`` rows, from ``(row, info, final)`` in row order.
+
+        Rows left out have neither an info nor a final.  Batched as gymnasium
+        batches them (`merge_infos`), or, with `infos_per_env`, one dict per
+        row: the env's own info (not a copy; the same empty dict for every row
+        without one), with ``final_obs`` and ``final_info`` added where it was
+        reset within the step (``SAME_STEP``), the keys gymnasium's infos of that
+        row hold.  The SB3 adapter wants them so (it owns its vector env).
+        """
+        if not self.infos_per_env:
+            return merge_infos(count, _info_entries(rows))
+        per_env: list[dict[str, Any]] = [_NO_INFO] * count
+        for row, info, final in rows:
+            if final is not None:
+                per_env[row] = {**(info or {}), **final}
+            elif info:
+                per_env[row] = info
+        return per_env
 
     def _keep_rows(self, rows: list[int], batch: np.ndarray) -> None:
         """Keep ``batch`` (Box observations of envs ``rows``) as those envs' last observations.

@@ -25,7 +25,7 @@ import enum
 
 from aiovec._errors import AlreadyPendingCallError, ClosedError, NoAsyncCallError, StateError
 
-__all__ = ("PENDING", "Lifecycle", "State", "VectorCall")
+__all__ = ("PENDING", "Lifecycle", "State", "VectorCall", "allowed_in")
 
 
 class State(enum.Enum):
@@ -85,6 +85,17 @@ _ALLOWED: dict[State, frozenset[VectorCall]] = {
     State.BROKEN: frozenset({VectorCall.RESET, VectorCall.RESET_ASYNC}),
     State.CLOSED: frozenset(),
 }
+
+
+def allowed_in(op: VectorCall) -> frozenset[State]:
+    """The states in which the table allows ``op``.
+
+    For the calls made on every step: ``state in ok or life.check(op)``, with
+    ``ok`` computed once, costs no call when the call is allowed (the refusal
+    and its message are still `Lifecycle.check`'s).
+    """
+    return frozenset(state for state, ops in _ALLOWED.items() if op in ops)
+
 
 PENDING: dict[State, str] = {State.SENT: "step", State.RESET_SENT: "reset"}
 """The call a state waits to be collected, in gymnasium's words (``AsyncState``)."""

@@ -31,6 +31,7 @@ __all__ = (
     "REWARD_TYPES",
     "SHARED_LIMITER_BACKENDS",
     "ObservationMode",
+    "StepChecker",
     "action_checker",
     "check_actions",
     "check_autoreset_mode",
@@ -578,48 +579,101 @@ _dtype = operator.attrgetter("dtype")
 AllFit = Callable[[Sequence[Any]], bool]
 
 
-def step_result_checker(
-    observation_space: spaces.Space[Any],
-) -> Callable[[Mapping[int, Any]], dict[int, Exception]]:
-    """A function finding the malformed step results among transitions by env.
+def step_result_checker(observation_space: spaces.Space[Any]) -> StepChecker:
+    """A `StepChecker`: it finds the malformed step results among transitions by env."""
+    return StepChecker(observation_space)
+
+
+Columns = tuple[tuple[Any, ...], ...]
+"""A step's transitions transposed: observations, rewards, terminations, truncations,
+infos and finals, each a tuple in the transitions' order."""
+
+
+class StepChecker:
+    """Finds the malformed step results among transitions by env.
 
     A transition is malformed when its observation does not batch into
     ``observation_space`` (wrong shape, a dtype that ``same_kind`` casting
     refuses), its reward is not a real number, a flag is not a bool, or its
     info is not a dict.  The common case (exact types, the space's own shape
     and dtype in every env) is recognised for the whole batch at once, at C
-    speed (``frozenset.issuperset`` over ``map``); only a batch that misses it
-    is looked at env by env, and a result that merely differs (a list
-    observation, a float64 one for a float32 space) passes, as the batcher
-    accepts it.
+    speed (``frozenset.issuperset`` over ``map``; a ``Box`` space's
+    observations stacked by ``np.asarray`` and the stack's shape and dtype
+    compared); only a batch that misses it is looked at env by env, and a
+    result that merely differs (a list observation, a float64 one for a
+    float32 space) passes, as the batcher accepts it.
 
-    Returns:
-        The checker: it returns ``{env: ValueError or TypeError}`` for the
-        malformed transitions (empty when every one is fine).
+    What the whole-batch test made (the transitions transposed, a ``Box``
+    space's observations stacked) is kept for the batcher, which would make
+    it again: `clean_columns` hands it over once.
+
+    Args:
+        observation_space: The single observation space.
     """
-    all_fit = _all_fit(observation_space)
 
-    def check(transitions: Mapping[int, Any]) -> dict[int, Exception]:
+    __slots__ = ("_all_fit", "_box", "_clean", "_space")
+
+    def __init__(self, observation_space: spaces.Space[Any]) -> None:
+        self._space = observation_space
+        self._all_fit = _all_fit(observation_space)
+        self._box: tuple[tuple[int, ...], Any] | None = None
+        if type(observation_space) is spaces.Box:
+            self._box = (observation_space.shape, observation_space.dtype)
+        self._clean: tuple[Mapping[int, Any], tuple[int, ...], Columns, Any] | None = None
+
+    def __call__(self, transitions: Mapping[int, Any]) -> dict[int, Exception]:
+        """``{env: ValueError or TypeError}`` for the malformed transitions (empty: none)."""
+        self._clean = None
         if not transitions:
             return {}
-        obs, rewards, terminations, truncations, infos, _ = zip(*transitions.values(), strict=True)
+        columns = tuple(zip(*transitions.values(), strict=True))
+        obs, rewards, terminations, truncations, infos, _ = columns
         if (
             REWARD_TYPES.issuperset(map(type, rewards))
             and FLAG_TYPES.issuperset(map(type, terminations))
             and FLAG_TYPES.issuperset(map(type, truncations))
             and DICT_TYPES.issuperset(map(type, infos))
-            and all_fit(obs)
         ):
-            return {}
+            stacked = self._stacked(obs) if self._box is not None else None
+            if stacked is not None or (self._box is None and self._all_fit(obs)):
+                self._clean = (transitions, tuple(transitions), columns, stacked)
+                return {}
         bad: dict[int, Exception] = {}
         for i, transition in transitions.items():
             try:
-                _check_step_result(observation_space, transition)
+                _check_step_result(self._space, transition)
             except (TypeError, ValueError) as exc:
                 bad[i] = exc
         return bad
 
-    return check
+    def _stacked(self, obs: tuple[Any, ...]) -> np.ndarray | None:
+        """A ``Box`` space's observations stacked, if each is an array of its shape and dtype."""
+        assert self._box is not None
+        shape, dtype = self._box
+        if not _NDARRAYS.issuperset(map(type, obs)):
+            return None
+        try:
+            stacked = np.asarray(obs)
+        except ValueError:  # shapes differ
+            return None
+        if stacked.dtype != dtype or stacked.shape != (len(obs), *shape):
+            return None
+        return stacked
+
+    def clean_columns(
+        self, transitions: Mapping[int, Any], order: tuple[int, ...]
+    ) -> tuple[Columns, Any] | None:
+        """What the last check made of ``transitions``, if they were clean and are in ``order``.
+
+        Returns ``(columns, stacked)`` (``stacked``: a ``Box`` space's
+        observations, a new array; else ``None``) once, and only for the very
+        mapping checked last, with the envs of ``order`` in that order (a
+        mapping that gained envs since, a restart's rows, is not).
+        """
+        clean, self._clean = self._clean, None
+        if clean is None or clean[0] is not transitions or clean[1] != order:
+            return None
+        return clean[2], clean[3]
 
 
 def observation_fits(space: spaces.Space[Any]) -> Callable[[Any], bool]:

@@ -12,6 +12,8 @@ batch is timed (two reads), and each env only once a batch has taken longer
 than the limit.  The thread's CPU clock (a system call) is read once per batch
 and per slow stretch, and for steps only once a stretch was over the limit:
 the first such stretch of steps is not judged, it turns the CPU clock on.
+Steps are timed env by env for `TIMED_BATCHES` batches after one held the
+loop, then as a whole again.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ from aiovec.backends._limit import limited
 
 __all__ = ("InlineBackend",)
 
+TIMED_BATCHES = 100
+"""After a batch of sync steps that held the loop, how many batches are timed env by env.
+
+Each such batch starts the count again; after this many in a row in which no
+env held the loop, the batch is timed as a whole again: one stall (the OS
+took the CPU away from a loaded machine) does not slow every later step.
+"""
+
 # Backends not closed yet.  Their lane tasks are reachable from here, never only
 # through a vector env that was forgotten: collected together with it, a pending
 # task would be "destroyed but pending".  The vector env's finalizer cancels them.
@@ -86,7 +96,8 @@ class InlineBackend(Backend):
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
         self._operation = ""  # the name of the op launched last, for a warning
         self._hogs = LoopHogs()  # stretches that held the loop, said once per kind of call
-        self._time_each_step = False  # set once a batch of sync steps held the loop
+        self._slow_seen = False  # some env held the loop in the batch under way
+        self._time_each_step = 0  # batches of sync steps still to time env by env
         self.traits = EnvTraits.of(self._envs)
         _OPEN.add(self)
 
@@ -121,21 +132,30 @@ class InlineBackend(Backend):
         elif self._any_async and self.limiter is None:
             self._step_each(indices, op)
         elif self._any_async or self._time_each_step:  # a token per call, or timed env by env
+            self._slow_seen = False
             self._run_each(
                 (i, step_sync, step_async, (envs[i], flows[i] or flow_at(flows, i, op.mode), rf, a))
                 for i, rf, a in zip(indices, op.reset_first, op.actions, strict=True)
             )
+            if self._slow_seen:
+                self._time_each_step = TIMED_BATCHES
+            elif self._time_each_step:
+                self._time_each_step -= 1  # back to the hot path once it reaches 0
         else:  # the hot path of synchronous envs: one tight loop, timed as a whole
             since = time.perf_counter()
             for i, first, action in zip(indices, op.reset_first, op.actions, strict=True):
-                try:
-                    flow = flows[i] or flow_at(flows, i, op.mode)
-                    results[i] = step_sync(envs[i], flow, first, action)
+                try:  # `step_sync`, written out: a Python call less per env-step
+                    send = (flows[i] or flow_at(flows, i, op.mode)).send
+                    call: Any = send(first)  # a call (typed, with no cast on this path)
+                    while type(call) is not tuple:
+                        env = envs[i]
+                        call = send(env.step(action) if call is STEP else perform_sync(env, call))
+                    results[i] = call
                 except BaseException as exc:
                     self._fail(i, exc)
             now = time.perf_counter()
             if now - since > MIN_SLOW_SLICE and held_by_env(since, now) > slow_slice_limit():
-                self._time_each_step = True  # some env may hold the loop: find which
+                self._time_each_step = TIMED_BATCHES  # some env may hold the loop: find which
                 self._lanes.measure_cpu = True  # and whether it ran on the CPU
         if self._hogs.noted and not self.pending:
             self._hogs.say()
@@ -189,6 +209,7 @@ class InlineBackend(Backend):
         read at the start of this batch or loop iteration); without a mark, the
         CPU clock is turned on for the envs' steps and the stretch is not judged.
         """
+        self._slow_seen = True
         lanes = self._lanes
         mark = lanes.mark
         if mark is None:

@@ -18,9 +18,11 @@ adapter translates each and keeps no rule of its own:
    requires it (`make_sb3_env` sets it) and moves ``final_obs`` and
    ``final_info`` to where SB3 wants them.
 2. **Results.**  ``dones = terminations | truncations``; rewards are float32
-   (as ``DummyVecEnv``'s); ``infos`` is a list of one dict per env (gymnasium's
-   dict of arrays with ``_key`` masks, unbatched), each with
-   ``"TimeLimit.truncated"`` set to ``truncated and not terminated``.
+   (as ``DummyVecEnv``'s); ``infos`` is a list of one dict per env, each with
+   ``"TimeLimit.truncated"`` set to ``truncated and not terminated``.  The
+   adapter owns its vector env, whose batcher gives a step's infos so
+   (`aiovec._core.batching.Batcher.infos_per_env`): no batching into
+   gymnasium's dict of arrays only to take it apart again.
 3. **Seeds and options** are stored by ``seed()`` and ``set_options()`` and
    used once, by the next ``reset()``.  aiovec resets every env with the same
    options, so envs whose options differ are reset group by group with
@@ -45,11 +47,9 @@ adapter translates each and keeps no rule of its own:
    ``Dict``/``Tuple`` actions is batched the way gymnasium batches them.
 7. **Copies.**  SB3's vec envs return infos (``terminal_observation``
    included) that the envs no longer hold.  Where the envs live in this process
-   (``inline``, ``thread``) an info could hold an env's own objects: the values
-   that batching keeps in object arrays (the last observation and info, any
-   value that is not a number) are deep-copied, as ``DummyVecEnv`` copies its
-   infos; numbers come out of arrays made by batching, and a worker's results
-   arrive as copies already.
+   (``inline``, ``thread``) an info holds an env's own objects: each env's info
+   that is not empty is deep-copied, as ``DummyVecEnv`` copies its infos; a
+   worker's results arrive as copies already.
 8. **Errors.**  An env's own exception (from its factory, ``reset``, ``step``,
    an attribute or a method) is raised as itself, as ``DummyVecEnv`` lets it
    through, not wrapped in `aiovec.EnvError`: SB3 code that catches, e.g.,
@@ -65,6 +65,7 @@ An `aiovec.AsyncioVectorEnv` is driven through the runner that
 
 from __future__ import annotations
 
+import copy
 import inspect
 import operator
 from collections.abc import Callable, Sequence
@@ -157,6 +158,7 @@ class SB3VecEnv(VecEnv):
             )
         self.venv = venv
         self._copies = _envs_in_this_process(venv)  # their infos may hold the envs' objects
+        _front(venv)._batcher.infos_per_env = True  # SB3's infos: one dict per env
         self._runner = Runner() if isinstance(venv, AsyncioVectorEnv) else None
         self._sent = False
         # inline: step_async keeps the actions here (in a 1-tuple) for step_wait's step
@@ -247,15 +249,16 @@ class SB3VecEnv(VecEnv):
             obs, rewards, terminations, truncations, infos = self._do("step", held[0])
         else:
             obs, rewards, terminations, truncations, infos, _ids = self._do("recv")
-        dones = terminations | truncations
-        per_env = unbatch_infos(infos, self.num_envs, copy=self._copies)
-        if dones.any():
-            for i in np.flatnonzero(dones).tolist():
-                per_env[i] = self._ended(i, per_env[i])
-        cut = (truncations & ~terminations).tolist()  # a time limit, not the episode's end
-        for info, limit in zip(per_env, cut, strict=True):
-            info["TimeLimit.truncated"] = limit
-        return obs, rewards.astype(np.float32), dones, per_env
+        per_env: list[dict[str, Any]] = []
+        copies = self._copies  # the envs' own objects: copied, as DummyVecEnv copies its infos
+        ends = zip(terminations.tolist(), truncations.tolist(), strict=True)
+        for i, (info, (terminated, truncated)) in enumerate(zip(infos, ends, strict=True)):
+            own = copy.deepcopy(info) if copies and info else dict(info)
+            if terminated or truncated:
+                own = self._ended(i, own)
+            own["TimeLimit.truncated"] = truncated and not terminated  # a time limit
+            per_env.append(own)
+        return obs, rewards.astype(np.float32), terminations | truncations, per_env
 
     def close(self) -> None:
         """Close every env and the vector env (and the runner driving it)."""
@@ -361,10 +364,14 @@ class SB3VecEnv(VecEnv):
         return batch_per_env(self.venv.single_action_space, actions, self.num_envs)
 
 
+def _front(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> AsyncioVectorEnv[Any, Any]:
+    """The `aiovec.AsyncioVectorEnv` that makes ``venv``'s calls."""
+    return venv.vector_env if isinstance(venv, BlockingVectorEnv) else venv
+
+
 def _backend_of(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> str:
     """The backend's name (``"inline"``, ``"process"``, ...)."""
-    front = venv.vector_env if isinstance(venv, BlockingVectorEnv) else venv
-    return front.backend
+    return _front(venv).backend
 
 
 def _envs_in_this_process(venv: BlockingVectorEnv | AsyncioVectorEnv[Any, Any]) -> bool:
