@@ -806,7 +806,7 @@ def test_a_sandbox_that_always_fails_still_ends_in_the_restart_limit() -> None:
 
     with pytest.raises(aiovec.EnvError) as caught:
         asyncio.run(main())
-    assert caught.value.env_index == 5
+    assert 5 in caught.value.errors  # (another env may fail in that step too, and lead)
     assert "restart limit reached: env 5 failed 11 times in a row, never 5 clean steps" in str(
         caught.value
     )
