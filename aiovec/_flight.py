@@ -8,7 +8,7 @@ env (`Flight.run`); partial stepping launches first (`Flight.send`, for
 Both end through one skeleton, `Flight._finish`:
 
 1. the vector env is ``BUSY`` while it waits for the outcomes;
-2. step results that came one by one are checked (a malformed one fails its env);
+2. step and reset results are checked (a malformed one fails its env);
 3. under a restart policy the failed envs of a step are restarted
    (`aiovec._restarter.Restarter`), amid sent envs too: their outcomes that
    come meanwhile are held (`aiovec._sent.Sent`) and taken after;
@@ -42,7 +42,6 @@ from typing import Any, NoReturn
 from aiovec._core.deadlines import overdue
 from aiovec._core.lifecycle import PENDING, Lifecycle, State
 from aiovec._core.ops import Op
-from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, WorkerDiedError
 from aiovec._log import logger, say_envs
 from aiovec._restarter import Restarter
@@ -63,7 +62,7 @@ class Flight:
         life: The vector env's lifecycle (this sets ``BUSY``, ``SENT``, ``BROKEN``, ...).
         sent: The envs in flight from ``send()``.
         restarter: Restarts failed steps (under a restart policy).
-        check_results: Finds the malformed step results (`validate.step_result_checker`).
+        check_results: Finds the malformed results of a step or reset (`fits.ResultCheck`).
         timeout_of: Seconds an env may take to answer the call of a name (``None``: no limit).
     """
 
@@ -84,7 +83,7 @@ class Flight:
         sent: Sent,
         restarter: Restarter,
         *,
-        check_results: Callable[[Mapping[int, Any]], dict[int, Exception]],
+        check_results: Callable[[Mapping[int, Any], str], dict[int, Exception]],
         timeout_of: Callable[[str], float | None],
     ) -> None:
         self.backend = backend
@@ -123,7 +122,7 @@ class Flight:
                 outcomes = self._launched(indices, op.name, since, None)
             else:
                 results, errors = backend.take()
-                self.check_steps(results, errors)
+                self.check_results(results, errors, "step")
                 if not errors:
                     life.state = before
                     return results
@@ -187,10 +186,9 @@ class Flight:
                 late = sent_envs.envs.difference(results, errors)
                 for i in late:
                     errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
-            if name == "step":
-                self.check_steps(results, errors)
-                if not errors and self._restarter.outage is not None:
-                    self._restarter.calm()  # every env answered: the outage is over
+            self.check_results(results, errors, name)
+            if name == "step" and not errors and self._restarter.outage is not None:
+                self._restarter.calm()  # every env answered: the outage is over
             while errors and not late and self._restarter.restartable(errors, step=name == "step"):
                 refusal = self._restarter.charge(errors)
                 if refusal:
@@ -198,7 +196,7 @@ class Flight:
                 results.update(await self._restarter.restart(errors, name, self.gather))
                 # what other sent envs delivered while the restart waited for its own
                 more, errors = sent_envs.take_held(({}, {}))
-                self.check_steps(more, errors)
+                self.check_results(more, errors, name)
                 results.update(more)
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
             self.abandon(f"{call or name + '()'} was abandoned unfinished")
@@ -267,16 +265,14 @@ class Flight:
             return {}
         return await backend.rebuild(sorted(backend.lost.intersection(indices)))
 
-    def check_steps(self, results: Results, errors: dict[int, Any]) -> None:
-        """Fail the envs whose step result is malformed (it would spoil the whole batch).
+    def check_results(self, results: Results, errors: dict[int, Any], name: str) -> None:
+        """Fail the envs whose result of ``name`` is malformed (it would spoil the whole batch).
 
-        Results in shared-memory blocks were written there exactly by their
-        worker; only those that came one by one are checked.
+        What is checked, and when, is `fits.ResultCheck`'s: those in
+        shared-memory blocks were written there exactly by their worker, and
+        only their observations' values may be looked at.
         """
-        singles = results.singles if type(results) is Rows else results
-        if not singles:
-            return
-        for i, error in self._check_results(singles).items():
+        for i, error in self._check_results(results, name).items():
             del results[i]
             errors[i] = error
 
