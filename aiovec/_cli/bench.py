@@ -1,4 +1,4 @@
-"""``python -m aiovec bench MODULE:FACTORY``: which backend suits *your* env?
+"""``python -m aiovec bench MODULE:FACTORY`` (or a registry id): which backend suits *your* env?
 
 Theory of operation
 -------------------
@@ -169,6 +169,11 @@ class Result:
         """Half the range of `rates`, as a fraction of the median."""
         rates = self.rates
         return (max(rates) - min(rates)) / 2 / self.rate if rates and self.rate else 0.0
+
+    @property
+    def figure(self) -> str:
+        """``12,345 env-steps/s +/-3%``: the median rate and its spread."""
+        return f"{self.rate:,.0f} env-steps/s +/-{self.spread:.0%}"
 
     @property
     def times(self) -> StepTimes | None:
@@ -446,10 +451,6 @@ def _row(result: Result, choice: Choice | None) -> list[str]:
     ]
 
 
-def _described(result: Result) -> str:
-    return f"{result.config.kind}, {result.rate:,.0f} env-steps/s +/-{result.spread:.0%}"
-
-
 def recommend(results: Sequence[Result], factory: Factory) -> str:
     """The recommended configuration, its code, and the best backend for each ``num_envs``."""
     choice = choose(results)
@@ -457,16 +458,15 @@ def recommend(results: Sequence[Result], factory: Factory) -> str:
         return "Every configuration failed: see the reasons above (--traceback shows where)."
     pick = choice.pick
     lines = [
-        f"Recommended: {pick.config.kind} with {pick.config.num_envs} envs, "
-        f"{pick.rate:,.0f} env-steps/s +/-{pick.spread:.0%}:",
+        f"Recommended: {pick.config.kind} with {pick.config.num_envs} envs, {pick.figure}:",
         f"    {pick.config.code(factory.expression)}",
     ]
     if pick is not choice.fastest:
         fastest = choice.fastest
         lines.append(
             f"  Tied: the fastest, {fastest.config.kind} with {fastest.config.num_envs} envs "
-            f"({fastest.rate:,.0f} env-steps/s +/-{fastest.spread:.0%}), is within the noise of "
-            "it (their repeats overlap), so the simpler configuration is recommended."
+            f"({fastest.figure}), is within the noise of it (their repeats overlap), so the "
+            "simpler configuration is recommended."
         )
     lines += [
         "",
@@ -485,7 +485,7 @@ def recommend(results: Sequence[Result], factory: Factory) -> str:
             versus = f" (tied with {others}: the simplest is shown)"
         elif inline is not None and inline is not top:
             versus = f" ({top.rate / inline.rate:.1f}x inline)"
-        lines.append(f"  {n:>6} envs: {_described(top)}{versus}")
+        lines.append(f"  {n:>6} envs: {top.config.kind}, {top.figure}{versus}")
     return "\n".join(lines)
 
 
@@ -539,7 +539,9 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "target", metavar="MODULE:FACTORY", help="e.g. mypackage.envs:make_env or envs.py:make_env"
+        "target",
+        metavar="MODULE:FACTORY",
+        help="e.g. mypackage.envs:make_env, envs.py:make_env, or a registry id: CartPole-v1",
     )
     parser.add_argument(
         "--num-envs",
