@@ -292,7 +292,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life,
             self._sent,
             restarter,
-            check_results=ResultCheck(traits.observation_spaces, self.check_observations),
+            check_results=ResultCheck(traits.observation_spaces, self.check_observations).check,
             timeout_of=self._timeout_of,
         )
         self._all = range(self.num_envs)
