@@ -38,6 +38,7 @@ import collections
 import enum
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -114,6 +115,7 @@ class Counters(NamedTuple):
     cpu: float  # seconds this thread ran on a CPU
     voluntary: int  # times it gave up its CPU to wait (blocked in a system call); -1: unknown
     involuntary: int  # times the OS preempted it; -1: unknown
+    thread: int = 0  # whose counters (threading.get_ident()): only a thread's own compare
 
 
 def thread_counters() -> Counters:
@@ -123,11 +125,11 @@ def thread_counters() -> Counters:
     scheduler's tick); where the OS counts no context switches per thread
     (not Linux), both counts are -1.
     """
-    at, cpu = time.perf_counter(), time.thread_time()
+    at, cpu, thread = time.perf_counter(), time.thread_time(), threading.get_ident()
     if _RUSAGE_THREAD is None:
-        return Counters(at, cpu, -1, -1)
+        return Counters(at, cpu, -1, -1, thread)
     usage = resource.getrusage(_RUSAGE_THREAD)
-    return Counters(at, cpu, usage.ru_nvcsw, usage.ru_nivcsw)
+    return Counters(at, cpu, usage.ru_nvcsw, usage.ru_nivcsw, thread)
 
 
 class Verdict(enum.Enum):
@@ -216,8 +218,8 @@ class LoopHogs:
         self.mark = now
         paused = GC_PAUSES.within(start, stop)  # the collector's, not the env's (nor the OS's)
         held = (stop - start) - paused
-        if held <= slow_slice_limit():
-            return
+        if held <= slow_slice_limit() or now.thread != mark.thread:
+            return  # (read on another thread, the reference tells nothing of this one)
         # CPU time since the mark, less the wall time since it outside the stretch
         ran = (now.cpu - mark.cpu) - ((now.at - mark.at) - (stop - start)) - paused
         known = now.involuntary >= 0

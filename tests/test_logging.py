@@ -534,3 +534,14 @@ def test_a_block_with_a_preemption_is_named_saying_the_os_may_share_it(caplog):
     assert message.startswith("env 0 held the event loop in a blocking call for up to 0.500 s")
     assert "in reset()" in message
     assert "the OS also preempted it 1 time(s), so some of that time may be the OS's" in message
+
+
+def test_a_reference_read_on_another_thread_judges_nothing(caplog):
+    """A vector env used from another thread than the last reading's: no verdict at all."""
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    t = time.perf_counter() + 1_000.0
+    readings = iter([Counters(t, 1.0, 5, 5, thread=1), Counters(t + 0.5, 1.0, 6, 5, thread=2)])
+    hogs = LoopHogs(lambda: next(readings))
+    hogs.slow(0, t, t + 0.5)  # it blocked, say the counters: of two threads
+    assert not hogs.noted
+    assert hogs.mark.thread == 2  # the next stretch compares with this thread's reading
