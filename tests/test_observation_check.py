@@ -49,6 +49,8 @@ FITS = [
     (spaces.Box(-np.inf, np.inf, (2,)), f32(np.inf, -np.inf)),
     (DISCRETE, -1),
     (DISCRETE, np.int32(2)),
+    (DISCRETE, True),  # a bool is 1
+    (BINARY, np.array([False, True, True])),
     (MULTI, np.array([1, 2])),
     (BINARY, np.array([0, 1, 1], np.int8)),
     (DICT, {"pos": f32(0, 0, 0), "inner": (0, np.array([1, 0]))}),
@@ -69,6 +71,7 @@ MISFITS = [
     ),
     (DISCRETE, 3, "observation = 3 is outside -1..2"),
     (DISCRETE, np.int64(-2), "observation = -2 is outside -1..2"),
+    (spaces.Discrete(1), np.True_, "observation = 1 is outside 0..0"),
     (MULTI, np.array([1, 3]), "observation[1] = 3 is outside 0..2"),
     (BINARY, np.array([0, 2, 1]), "observation[1] = 2 is neither 0 nor 1"),
     (

@@ -103,6 +103,8 @@ def _as(space: Any, value: Any) -> np.ndarray:
     is still out of bounds.
     """
     array = np.asarray(value)
+    if array.dtype.kind == "b":  # a bool is the integer 0 or 1 (numpy subtracts no bools)
+        return array.astype(np.int64)
     if array.dtype.kind == "f" and space.dtype.kind == "f" and array.dtype != space.dtype:
         with np.errstate(over="ignore"):
             return array.astype(space.dtype)
