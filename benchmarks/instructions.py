@@ -18,7 +18,9 @@ Cases: ``sync8`` (8 ``TrivialEnv``: the hot path of sync envs), ``async8`` (8
 suspends once: the lanes).  Only user-space instructions are counted (no
 system call's work), and under valgrind a process runs some 50 times slower,
 so anything done once per millisecond of wall time (the loop-hog check's
-reference reading) is counted some 50 times too often.
+reference reading, ``aiovec._log.MARK_EVERY``) is counted some 50 times too
+often: ``--mark-every 0.05`` stretches that interval as valgrind stretches
+time (a tree without it ignores the option).
 """
 
 from __future__ import annotations
@@ -37,10 +39,17 @@ STEPS = {"sync8": (1000, 10000), "async8": (1000, 10000), "yield64": (100, 1000)
 """The two step counts of each case (a step of ``yield64`` costs some 17 of the others)."""
 
 
-def child(case: str, steps: int) -> None:
+def child(case: str, steps: int, mark_every: float | None) -> None:
     """Build the case's vector env and take ``steps`` steps (run under callgrind)."""
     import aiovec  # imported here: from the tree PYTHONPATH names
+    from aiovec import _log
+    from aiovec.backends import _lanes, inline
     from aiovec.testing import AsyncTrivialEnv, TrivialEnv
+
+    if mark_every is not None:
+        for module in (_log, _lanes, inline):
+            if hasattr(module, "MARK_EVERY"):
+                module.MARK_EVERY = mark_every  # type: ignore[attr-defined]
 
     class Yielding(AsyncTrivialEnv):
         async def step(self, action: object) -> object:
@@ -58,7 +67,7 @@ def child(case: str, steps: int) -> None:
             venv.step(actions)
 
 
-def instructions(tree: Path, case: str, steps: int) -> int:
+def instructions(tree: Path, case: str, steps: int, mark_every: float | None) -> int:
     """Instructions of one child run (callgrind's total)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}
@@ -72,6 +81,7 @@ def instructions(tree: Path, case: str, steps: int) -> int:
                 "--child",
                 case,
                 str(steps),
+                *(["--mark-every", str(mark_every)] if mark_every is not None else []),
             ],
             env=env,
             capture_output=True,
@@ -86,10 +96,13 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=Path(__file__).parent.parent)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--steps", help="two step counts, FEW,MANY (default: per case)")
+    parser.add_argument(
+        "--mark-every", type=float, help="seconds between the loop-hog check's reference readings"
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child[0], int(args.child[1]), args.mark_every)
         return
     cases = args.cases.split(",")
     if not set(cases) <= set(CASES):
@@ -98,9 +111,8 @@ def main() -> None:
     print(f"instructions per step() of aiovec in {args.tree.resolve()} (callgrind)")
     for case in cases:
         few, many = steps or STEPS[case]
-        cost = (instructions(args.tree, case, many) - instructions(args.tree, case, few)) / (
-            many - few
-        )
+        totals = [instructions(args.tree, case, n, args.mark_every) for n in (few, many)]
+        cost = (totals[1] - totals[0]) / (many - few)
         print(f"{case:>8}: {cost:,.0f}", flush=True)
 
 
