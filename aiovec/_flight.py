@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from aiovec._core.deadlines import overdue
@@ -62,7 +62,8 @@ class Flight:
         life: The vector env's lifecycle (this sets ``BUSY``, ``SENT``, ``BROKEN``, ...).
         sent: The envs in flight from ``send()``.
         restarter: Restarts failed steps (under a restart policy).
-        check_results: Finds the malformed results of a step or reset (`fits.ResultCheck`).
+        check_results: Fails the envs whose step or reset result is malformed: moves
+            them from the results to the errors (`fits.ResultCheck.check`).
         timeout_of: Seconds an env may take to answer the call of a name (``None``: no limit).
     """
 
@@ -83,7 +84,7 @@ class Flight:
         sent: Sent,
         restarter: Restarter,
         *,
-        check_results: Callable[[Mapping[int, Any], str], dict[int, Exception]],
+        check_results: Callable[[Results, dict[int, Any], str], None],
         timeout_of: Callable[[str], float | None],
     ) -> None:
         self.backend = backend
@@ -122,7 +123,7 @@ class Flight:
                 outcomes = self._launched(indices, op.name, since, None)
             else:
                 results, errors = backend.take()
-                self.check_results(results, errors, "step")
+                self._check_results(results, errors, "step")
                 if not errors:
                     life.state = before
                     return results
@@ -186,7 +187,7 @@ class Flight:
                 late = sent_envs.envs.difference(results, errors)
                 for i in late:
                     errors[i] = TimeoutError(f"env {i} did not answer {call} within {wait} s")
-            self.check_results(results, errors, name)
+            self._check_results(results, errors, name)
             if name == "step" and not errors and self._restarter.outage is not None:
                 self._restarter.calm()  # every env answered: the outage is over
             while errors and not late and self._restarter.restartable(errors, step=name == "step"):
@@ -196,7 +197,7 @@ class Flight:
                 results.update(await self._restarter.restart(errors, name, self.gather))
                 # what other sent envs delivered while the restart waited for its own
                 more, errors = sent_envs.take_held(({}, {}))
-                self.check_results(more, errors, name)
+                self._check_results(more, errors, name)
                 results.update(more)
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
             self.abandon(f"{call or name + '()'} was abandoned unfinished")
@@ -264,17 +265,6 @@ class Flight:
         if backend.lost.isdisjoint(indices):
             return {}
         return await backend.rebuild(sorted(backend.lost.intersection(indices)))
-
-    def check_results(self, results: Results, errors: dict[int, Any], name: str) -> None:
-        """Fail the envs whose result of ``name`` is malformed (it would spoil the whole batch).
-
-        What is checked, and when, is `fits.ResultCheck`'s: those in
-        shared-memory blocks were written there exactly by their worker, and
-        only their observations' values may be looked at.
-        """
-        for i, error in self._check_results(results, name).items():
-            del results[i]
-            errors[i] = error
 
     def send(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""

@@ -33,7 +33,7 @@ fit, or where each env has a space of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -162,29 +162,42 @@ class ResultCheck:
         self.values = values
         self._due = set() if values is False else {"reset", "step"}
 
-    def check(self, results: Mapping[int, Any], call: str) -> dict[int, Exception]:
-        """The malformed results of ``call`` by env, as errors (only a step's and a reset's).
+    def check(self, results: MutableMapping[int, Any], errors: dict[int, Any], call: str) -> None:
+        """Fail the envs whose result of ``call`` is malformed: move them to ``errors``.
 
-        ``results``: step transitions (by env, or in the blocks of `Rows`) or
-        reset ``(observation, info)`` pairs.
+        Only a step's and a reset's results are batched, so only they are
+        checked.  ``results``: step transitions (by env, or in the blocks of
+        `Rows`) or reset ``(observation, info)`` pairs; an env's error is a
+        ``ValueError`` or ``TypeError`` saying what is wrong.
         """
         checker = self._step if call == "step" else self._reset if call == "reset" else None
         if checker is None:  # the results of call(), render(), ...: not batched
-            return {}
+            return
         singles = results.singles if type(results) is Rows else results
-        bad = checker(singles)
-        if call not in self._due or not results:
-            return bad
-        if not self.values:
-            self._due.discard(call)  # the first call's results only
+        bad = checker(singles) if singles else {}
+        if call in self._due and results:
+            if not self.values:
+                self._due.discard(call)  # the first call's results only
+            bad.update(self._all_values(results, singles, bad, call))
+        for i, error in bad.items():
+            del results[i]
+            errors[i] = error
+
+    def _all_values(
+        self,
+        results: Mapping[int, Any],
+        singles: Mapping[int, Any],
+        bad: Mapping[int, Exception],
+        call: str,
+    ) -> dict[int, Exception]:
+        """The envs whose observation is not in its space, of those not ``bad`` already."""
         fine = [i for i in singles if i not in bad]
-        observations = [singles[i][0] for i in fine]
-        bad.update(self._values(fine, observations, call))
+        found = self._values(fine, [singles[i][0] for i in fine], call)
         if type(results) is Rows:
             for envs, block in results.block_rows():
                 observations = take_rows(block.arrays.observations, envs)
-                bad.update(self._values(envs, observations, call, batched=True))
-        return bad
+                found.update(self._values(envs, observations, call, batched=True))
+        return found
 
     def _values(
         self, envs: Sequence[int], observations: Any, call: str, *, batched: bool = False
