@@ -73,6 +73,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         backend_options: Mapping[str, Any] | None = None,
         reset_options: ResetHook | None = None,
         observation_mode: str | tuple[spaces.Space[Any], spaces.Space[Any]] = "same",
+        check_observations: bool | None = None,
     ) -> None:
         self._runner = Runner()
         try:  # built on the runner's loop, awaiting factories that wait, as `create` does
@@ -90,6 +91,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
                     backend_options=backend_options,
                     reset_options=reset_options,
                     observation_mode=observation_mode,
+                    check_observations=check_observations,
                 )
             )
         except BaseException:
@@ -106,6 +108,7 @@ class BlockingVectorEnv(gymnasium.vector.VectorEnv[Any, Any, Any]):
         self.render_mode = venv.render_mode
         self.autoreset_mode = venv.autoreset_mode
         self.observation_mode = venv.observation_mode
+        self.check_observations = venv.check_observations
         self.copy = copy
 
     @property

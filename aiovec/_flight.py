@@ -9,7 +9,7 @@ Either way the call is one coroutine, `Flight.run`, the skeleton every call
 ends through:
 
 1. the vector env is ``BUSY`` while it waits for the outcomes;
-2. step results that came one by one are checked (a malformed one fails its env);
+2. step and reset results are checked (a malformed one fails its env);
 3. under a restart policy the failed envs of a step are restarted
    (`aiovec._restarter.Restarter`), amid sent envs too: their outcomes that
    come meanwhile are held (`aiovec._sent.Sent`) and taken after;
@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, MutableMapping, Sequence
 from typing import Any, NoReturn
 
 from aiovec._core.deadlines import overdue
 from aiovec._core.lifecycle import PENDING, Lifecycle, State
 from aiovec._core.ops import Op, StepOp
-from aiovec._core.rows import Rows
 from aiovec._errors import ClosedError, EnvError, EnvTimeoutError, WorkerDiedError
 from aiovec._log import logger, say_envs
 from aiovec._restarter import Restarter
@@ -67,7 +66,8 @@ class Flight:
         life: The vector env's lifecycle (this sets ``BUSY``, ``SENT``, ``BROKEN``, ...).
         sent: The envs in flight from ``send()``.
         restarter: Restarts failed steps (under a restart policy).
-        check_results: Finds the malformed step results (`validate.step_result_checker`).
+        check_results: Fails the envs whose step or reset result is malformed: moves
+            them from the results to the errors (`fits.ResultCheck.check`).
         step_timeout: Seconds an env may take to answer a call (``None``: no limit).
         reset_timeout: Seconds an env may take to reset, an autoreset included.
     """
@@ -91,7 +91,7 @@ class Flight:
         sent: Sent,
         restarter: Restarter,
         *,
-        check_results: Callable[[Mapping[int, Any]], dict[int, Exception]],
+        check_results: Callable[[Results, dict[int, Any], str], None],
         step_timeout: float | None,
         reset_timeout: float | None,
     ) -> None:
@@ -157,11 +157,9 @@ class Flight:
             late = op is None and strict and len(results) + len(errors) < wanted
             if late:  # a receive's own timeout
                 self._fail_late(results, errors, call, wait)
-            if name == "step":
-                if type(results) is not Rows or results.singles:  # (blocks are exact)
-                    self.check_steps(results, errors)
-                if self._restarter.watching:  # an outage, or envs restarted lately
-                    self._restarter.stepped(results, errors)
+            self._check_results(results, errors, name)
+            if name == "step" and self._restarter.watching:  # an outage, or restarted envs
+                self._restarter.stepped(results, errors)
             if errors and not late and name == "step" and self._restarter.policy is not None:
                 refusal = await self._restart(results, errors, name)
         except GeneratorExit:  # the coroutine was closed unfinished: no awaiting now
@@ -209,7 +207,7 @@ class Flight:
                 return refusal
             results.update(await restarter.restart(dict(errors), name, self.gather))
             more, failed = sent.take_held(({}, {}))
-            self.check_steps(more, failed)
+            self._check_results(more, failed, name)
             results.update(more)
             errors.clear()
             errors.update(failed)
@@ -269,19 +267,6 @@ class Flight:
         if backend.lost.isdisjoint(indices):
             return {}
         return await backend.rebuild(sorted(backend.lost.intersection(indices)))
-
-    def check_steps(self, results: Results, errors: dict[int, Any]) -> None:
-        """Fail the envs whose step result is malformed (it would spoil the whole batch).
-
-        Results in shared-memory blocks were written there exactly by their
-        worker; only those that came one by one are checked.
-        """
-        singles = results.singles if type(results) is Rows else results
-        if not singles:
-            return
-        for i, error in self._check_results(singles).items():
-            del results[i]
-            errors[i] = error
 
     def send(self, ids: Sequence[int], op: Op, call: str) -> None:
         """Start ``op`` on ``ids`` and return: they are in flight until received."""

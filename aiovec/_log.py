@@ -13,41 +13,58 @@ collector's pauses out (`GcPauses`, fed by ``gc.callbacks``), so that many
 envs whose objects make a long collection are never blamed for it.
 
 Nor is a stretch the OS took: on a loaded machine the loop's thread may be
-descheduled in the middle of any env's call.  `LoopHogs` names an env only
-when the thread ran on a CPU (``time.thread_time``) for a fair share of the
-stretch (at least ``1 / OFF_CPU`` of it); otherwise it says that the loop was
-held without the thread running, and names no env.  Reading the thread's CPU
-clock is a system call (about a microsecond), so it is read once at the start
-of a batch of calls and once per slow stretch, never per env: the CPU time of
-a stretch is bounded below by the CPU time since that reference minus the
-wall time between the reference and the stretch's start (`cpu_within`).  A
-vector env says each kind of line once per kind of call (``step()``,
-``reset()``, ...), naming up to five envs, then a range or a count.
+preempted in the middle of any env's call.  The kernel tells the two apart: a
+thread that blocks in a system call (``time.sleep``, a synchronous request)
+gives up its CPU *voluntarily*, a preempted one *involuntarily*, and it counts
+both per thread (``getrusage(RUSAGE_THREAD)``: ``ru_nvcsw``, ``ru_nivcsw``,
+with the thread's CPU time).  `LoopHogs` reads these counters (`Counters`)
+when a stretch was over the limit, and compares them with a reference read
+before it (`LoopHogs.mark`, refreshed at the start of a batch of calls or a
+loop iteration when it is older than `MARK_EVERY`: about a microsecond per
+millisecond at most, nothing per env).  `judge` decides from the differences,
+a pure rule: an env is named when the thread ran on a CPU for a fair share of
+the stretch (at least ``1 / OFF_CPU``), or when it was never preempted (then
+it ran or blocked in the env's call the whole time); a stretch that was
+preempted and ran little names no env.  Where the platform has no per-thread
+counters (not Linux), only the CPU-time rule names an env.  A vector env says
+each kind of line once per kind of call (``step()``, ``reset()``, ...),
+naming up to five envs, then a range or a count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import gc
 import logging
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None  # type: ignore[assignment]
+
+_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
 
 __all__ = (
     "DEFAULT_SLOW_SLICE",
+    "MARK_EVERY",
     "MIN_SLOW_SLICE",
     "OFF_CPU",
-    "CpuMark",
+    "Counters",
     "GcPauses",
     "LoopHogs",
-    "cpu_mark",
-    "cpu_within",
+    "Verdict",
     "held_by_env",
+    "judge",
     "logger",
     "say_envs",
     "slow_slice_limit",
+    "thread_counters",
 )
 
 logger = logging.getLogger("aiovec")
@@ -85,92 +102,187 @@ _HANDFUL = 5
 """Up to this many envs, a log line lists them; more are a range or a count."""
 
 OFF_CPU = 10.0
-"""A stretch whose wall time is over this many times the thread's CPU time was the OS's."""
+"""A preempted stretch over this many times the thread's CPU time within it was the OS's."""
 
-CpuMark = tuple[float, float]
-"""``(time.perf_counter(), time.thread_time())``, read together: a reference for `cpu_within`."""
-
-
-def cpu_mark() -> CpuMark:
-    """A reference for `cpu_within`, read now (a system call: about a microsecond)."""
-    return time.perf_counter(), time.thread_time()
+MARK_EVERY = 0.001
+"""Seconds after which the reference counters are read again, at the next batch or loop turn."""
 
 
-def cpu_within(mark: CpuMark, start: float, now: CpuMark) -> float:
-    """Seconds this thread surely ran on a CPU between ``start`` and ``now``.
+class Counters(NamedTuple):
+    """The loop thread's clock and counters, read together (`thread_counters`)."""
 
-    ``mark`` was read before ``start``: between the two the thread ran for at
-    most their wall time, so the CPU time since ``mark`` less that wall time is
-    a lower bound of the CPU time since ``start``.
+    at: float  # time.perf_counter()
+    cpu: float  # seconds this thread ran on a CPU
+    voluntary: int  # times it gave up its CPU to wait (blocked in a system call); -1: unknown
+    involuntary: int  # times the OS preempted it; -1: unknown
+    thread: int = 0  # whose counters (threading.get_ident()): only a thread's own compare
+
+
+def thread_counters() -> Counters:
+    """This thread's `Counters`, now (two system calls: about two microseconds).
+
+    The CPU time is the thread's CPU clock (``getrusage`` rounds it to the
+    scheduler's tick); where the OS counts no context switches per thread
+    (not Linux), both counts are -1.
     """
-    return (now[1] - mark[1]) - max(start - mark[0], 0.0)
+    at, cpu, thread = time.perf_counter(), time.thread_time(), threading.get_ident()
+    if _RUSAGE_THREAD is None:
+        return Counters(at, cpu, -1, -1, thread)
+    usage = resource.getrusage(_RUSAGE_THREAD)
+    return Counters(at, cpu, usage.ru_nvcsw, usage.ru_nivcsw, thread)
+
+
+class Verdict(enum.Enum):
+    """Who held the loop for a stretch (`judge`)."""
+
+    CPU = "on the CPU"  # the env's call ran
+    BLOCKED = "in a blocking call"  # the env's call waited without awaiting
+    PREEMPTED = "preempted"  # the OS ran other work: no env is named
+    UNKNOWN = "off the CPU"  # no switch counters here: no env is named
+
+
+def judge(held: float, ran: float, voluntary: int, involuntary: int) -> Verdict:
+    """Who held the loop for a stretch of ``held`` seconds: the env's call, or the OS.
+
+    Args:
+        held: The stretch's wall time, less the garbage collector's pauses.
+        ran: Seconds the thread surely ran on a CPU within it (a lower bound).
+        voluntary: The thread's voluntary context switches (it blocked) counted
+            since a reference read before the stretch began; -1: unknown.
+        involuntary: Its involuntary ones (the OS preempted it) likewise.
+
+    Returns:
+        ``CPU`` when it ran a fair share of the stretch (``1 / OFF_CPU``) or was
+        never off the CPU; ``BLOCKED`` when it ran little and blocked: whatever
+        it waited on, the env's call waited (nothing else runs in a stretch;
+        if the OS also preempted it, part of the time may be the OS's, and the
+        line says so); ``PREEMPTED`` when it ran little, never blocked and was
+        preempted: the OS's, no env is to blame; ``UNKNOWN`` when it ran little
+        and nothing says why.
+    """
+    if ran * OFF_CPU >= held:
+        return Verdict.CPU
+    if involuntary < 0:
+        return Verdict.UNKNOWN
+    if voluntary > 0:
+        return Verdict.BLOCKED
+    return Verdict.PREEMPTED if involuntary > 0 else Verdict.CPU
+
+
+_NAMED = (Verdict.CPU, Verdict.BLOCKED)
+_ADVICE = {
+    Verdict.CPU: (
+        "Run blocking envs with backend='thread'; for CPU-bound envs, backend='process' may be "
+        "faster: `python -m aiovec bench` measures it"
+    ),
+    Verdict.BLOCKED: (
+        "A synchronous call (time.sleep, requests.get, a blocking socket) stops every env: in an "
+        "async env, await its async version (asyncio.sleep, an async client) or "
+        "`await asyncio.to_thread(...)`; run synchronous envs that block with backend='thread'"
+    ),
+}
 
 
 class LoopHogs:
     """One vector env's stretches that held the loop, said once per kind of call.
 
-    `note` judges a stretch over the limit; `say` logs what was noted since
-    it was last called: one line naming the envs that held the loop on the
-    CPU, and one for stretches the thread did not run for (no env named), each
-    once per kind of call.
+    The backend keeps `mark` recent (`refresh`) and hands every stretch over
+    the limit to `slow`; `say` logs what was noted since it was last called:
+    one line per verdict (`judge`) and kind of call, the envs named where the
+    verdict blames them.
+
+    Args:
+        read: Reads the thread's `Counters` (`thread_counters`; a test gives its own).
     """
 
-    __slots__ = ("_blamed", "_idle", "_said", "noted")
+    __slots__ = ("_also", "_blamed", "_idle", "_said", "call", "mark", "noted", "read")
 
-    def __init__(self) -> None:
-        self._blamed: dict[str, dict[int, float]] = {}  # call -> env -> longest stretch
-        self._idle: dict[str, tuple[float, float]] = {}  # call -> (held, ran) of the longest
-        self._said: set[tuple[str, bool]] = set()  # (call, blamed) said already
+    def __init__(self, read: Callable[[], Counters] | None = None) -> None:
+        self.read = read or thread_counters
+        self.mark = self.read()  # the reference a stretch's counters are compared with
+        self.call = ""  # the kind of call in progress (its op's name), for the lines
+        self._blamed: dict[tuple[str, Verdict], dict[int, float]] = {}  # -> env -> longest
+        self._also: dict[tuple[str, Verdict], int] = {}  # -> most preemptions in a stretch
+        self._idle: dict[str, tuple[float, float, int]] = {}  # call -> (held, ran, preempted)
+        self._said: set[tuple[str, Verdict]] = set()  # said already
         self.noted = False  # something waits to be said
 
-    def note(self, i: int, operation: str, start: float, stop: float, ran: float) -> None:
-        """Env ``i`` held the loop from ``start`` to ``stop``; the thread ran ``ran`` s of it."""
+    def refresh(self, now: float) -> None:
+        """Read the reference again if it is older than `MARK_EVERY` (``now``: perf_counter)."""
+        if now - self.mark.at > MARK_EVERY:
+            self.mark = self.read()
+
+    def slow(self, i: int, start: float, stop: float) -> None:
+        """Env ``i`` held the loop from ``start`` to ``stop`` (over the limit): judge it."""
+        mark, now = self.mark, self.read()
+        self.mark = now
         paused = GC_PAUSES.within(start, stop)  # the collector's, not the env's (nor the OS's)
         held = (stop - start) - paused
-        if held <= slow_slice_limit():
+        if held <= slow_slice_limit() or now.thread != mark.thread:
+            return  # (read on another thread, the reference tells nothing of this one)
+        # CPU time since the mark, less the wall time since it outside the stretch
+        ran = (now.cpu - mark.cpu) - ((now.at - mark.at) - (stop - start)) - paused
+        known = now.involuntary >= 0
+        voluntary = now.voluntary - mark.voluntary if known else -1
+        involuntary = now.involuntary - mark.involuntary if known else -1
+        verdict = judge(held, ran, voluntary, involuntary)
+        if (self.call, verdict) in self._said:
             return
-        blamed = (ran - paused) * OFF_CPU >= held
-        if (operation, blamed) in self._said:
-            return
-        if blamed:
-            envs = self._blamed.setdefault(operation, {})
+        if verdict in _NAMED:
+            key = (self.call, verdict)
+            envs = self._blamed.setdefault(key, {})
             envs[i] = max(envs.get(i, 0.0), held)
+            self._also[key] = max(self._also.get(key, 0), involuntary)
         else:
-            known = self._idle.get(operation)
-            if known is None or known[0] < held:
-                self._idle[operation] = (held, max(ran - paused, 0.0))
+            known_idle = self._idle.get(self.call)
+            if known_idle is None or known_idle[0] < held:
+                self._idle[self.call] = (held, max(ran, 0.0), involuntary)
         self.noted = True
 
     def say(self) -> None:
-        """Log what was noted: one line per kind of call and of line."""
+        """Log what was noted: one line per kind of call and verdict."""
         limit = slow_slice_limit()
-        for operation, envs in self._blamed.items():
-            self._said.add((operation, True))
+        for (call, verdict), envs in self._blamed.items():
+            self._said.add((call, verdict))
+            also = self._also[call, verdict] if verdict is Verdict.BLOCKED else 0
             logger.warning(
-                "%s held the event loop on the CPU for up to %.3f s without awaiting, in %s() "
-                "(the limit is the loop's slow_callback_duration, %g s): every other env waited "
-                "meanwhile. Run blocking envs with backend='thread'; for CPU-bound envs, "
-                "backend='process' may be faster: `python -m aiovec bench` measures it (said "
-                "once per vector env and call)",
+                "%s held the event loop %s for up to %.3f s without awaiting, in %s() (the limit "
+                "is the loop's slow_callback_duration, %g s)%s: every other env waited meanwhile. "
+                "%s (said once per vector env and call)",
                 say_envs(sorted(envs)),
+                verdict.value,
                 max(envs.values()),
-                operation,
+                call,
                 limit,
+                f"; the OS also preempted it {also} time(s), so some of that time may be the OS's"
+                if also > 0
+                else "",
+                _ADVICE[verdict],
             )
-        for operation, (held, ran) in self._idle.items():
-            self._said.add((operation, False))
+        for call, (held, ran, preempted) in self._idle.items():
+            self._said.add((call, Verdict.PREEMPTED if preempted >= 0 else Verdict.UNKNOWN))
+            if preempted >= 0:
+                why = (
+                    f"the OS preempted it {preempted} time(s) to run other work (a loaded machine)"
+                )
+            else:
+                why = (
+                    "the OS ran other work meanwhile (a loaded machine), or a call blocked "
+                    "without awaiting (a synchronous sleep or I/O: run blocking envs with "
+                    "backend='thread'); this platform does not count which"
+                )
             logger.warning(
                 "the event loop was held for %.3f s in %s() (the limit is the loop's "
                 "slow_callback_duration, %g s), but its thread ran on a CPU for only %.3f s of "
-                "it: the OS ran other work meanwhile (a loaded machine), or a call blocked "
-                "without awaiting (a synchronous sleep or I/O: run blocking envs with "
-                "backend='thread'); no env is named (said once per vector env and call)",
+                "it: %s; no env is named (said once per vector env and call)",
                 held,
-                operation,
+                call,
                 limit,
                 ran,
+                why,
             )
         self._blamed.clear()
+        self._also.clear()
         self._idle.clear()
         self.noted = False
 

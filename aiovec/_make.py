@@ -38,7 +38,23 @@ def _build(
 _BACKEND_OF_MODE = {VectorizeMode.SYNC: "inline", VectorizeMode.ASYNC: "process"}
 """The backend each of ``gymnasium.make_vec``'s modes stands for (its vector env's twin)."""
 
+_ENTRY_POINT = VectorizeMode.VECTOR_ENTRY_POINT
+
 EnvId = str | EnvSpec | Callable[..., Any]
+
+
+@overload
+def make(  # gymnasium's own vector env, not aiovec's
+    env_id: EnvId | None,
+    num_envs: int,
+    vectorization_mode: Literal["vector_entry_point", VectorizeMode.VECTOR_ENTRY_POINT],
+    vector_kwargs: dict[str, Any] | None = ...,
+    wrappers: Sequence[Callable[[Any], Any]] | None = ...,
+    *,
+    blocking: bool | None = ...,
+    backend: str | None = ...,
+    **kwargs: Any,
+) -> gymnasium.vector.VectorEnv[Any, Any, Any]: ...
 
 
 @overload
@@ -79,13 +95,18 @@ def make(
     blocking: bool | None = None,
     backend: str | None = None,
     **kwargs: Any,
-) -> AsyncioVectorEnv[Any, Any] | BlockingVectorEnv:
+) -> AsyncioVectorEnv[Any, Any] | BlockingVectorEnv | gymnasium.vector.VectorEnv[Any, Any, Any]:
     """Build a vector env of ``num_envs`` copies of one env, like ``gymnasium.make_vec``.
 
     The first five arguments are ``gymnasium.make_vec``'s, in its order and
     under its names (its first one may be given as ``id=``): a call of
     ``gymnasium.make_vec`` works unchanged as a call of ``aiovec.make`` and
     returns a `BlockingVectorEnv`, a ``gymnasium.vector.VectorEnv``.
+
+    Unlike ``gymnasium.make_vec``, no mode does not mean the id's vector
+    entry point: aiovec builds its own vector env unless
+    ``vectorization_mode="vector_entry_point"`` asks for gymnasium's (see
+    that argument), so that what ``make`` returns does not depend on the id.
 
     ``blocking=False`` returns an `AsyncioVectorEnv`, the await API, instead.
     That is a keyword rather than the default because code that calls
@@ -103,8 +124,13 @@ def make(
             ``VectorizeMode``), as in ``gymnasium.make_vec``: the
             ``"inline"`` (``SyncVectorEnv``'s twin) or ``"process"``
             (``AsyncVectorEnv``'s twin) backend, unless ``backend`` says
-            otherwise.  ``None``: ``"inline"``.  aiovec vectorizes single
-            envs, so ``"vector_entry_point"`` is refused.
+            otherwise.  ``None``: ``"inline"``.  ``"vector_entry_point"``
+            returns what ``gymnasium.make_vec`` returns for it: the id's own
+            vector env (e.g. CartPole's, which steps every env in one numpy
+            call), built with ``num_envs`` and the env kwargs; it is not an
+            aiovec vector env, so it takes none of aiovec's options
+            (``backend``, ``blocking``, ``vector_kwargs``, the vector env's
+            keywords) and no ``wrappers``.
         vector_kwargs: Arguments of the vector env (``backend``,
             ``num_workers``, ``autoreset_mode``, ``copy``, ...), as in
             ``gymnasium.make_vec``; they may also be given as keywords.
@@ -121,16 +147,18 @@ def make(
             vector env; everything else is passed to ``gymnasium.make`` (or to the factory).
 
     Returns:
-        A `BlockingVectorEnv`, or an `AsyncioVectorEnv` with ``blocking=False``.
+        A `BlockingVectorEnv`, or an `AsyncioVectorEnv` with ``blocking=False``
+        (gymnasium's own vector env with ``"vector_entry_point"``).
 
     Raises:
         TypeError: ``env_id`` is neither an id nor a callable, or given twice
             (as ``env_id`` and ``id``); ``num_envs`` is not an int;
             ``vector_kwargs`` is not a dict of the vector env's arguments.
-        ValueError: ``num_envs`` is below 1; ``vectorization_mode`` is not
-            ``"sync"`` or ``"async"``, or is given with ``blocking=False`` (an
-            `AsyncioVectorEnv` is not a gymnasium vector env); an argument is
-            given both in ``vector_kwargs`` and as a keyword.
+        ValueError: ``num_envs`` is below 1; ``vectorization_mode`` is not a
+            mode, or is given with ``blocking=False`` (an `AsyncioVectorEnv` is
+            not a gymnasium vector env); an argument is given both in
+            ``vector_kwargs`` and as a keyword; ``"vector_entry_point"`` with an
+            id that has none, a factory, ``wrappers`` or an aiovec option.
 
     Example:
         >>> envs = aiovec.make("CartPole-v1", 8)  # as gymnasium.make_vec  # doctest: +SKIP
@@ -144,6 +172,15 @@ def make(
     if num_envs < 1:
         raise ValueError(f"num_envs must be an int >= 1, got {num_envs}")
     mode = _check_mode(vectorization_mode, blocking)
+    if mode is _ENTRY_POINT:
+        return _from_entry_point(
+            given_id,
+            num_envs,
+            vector_kwargs=vector_kwargs,
+            wrappers=wrappers,
+            backend=backend,
+            kwargs=kwargs,
+        )
     options = _vector_options(vector_kwargs, kwargs, backend)
     env_kwargs = {k: v for k, v in kwargs.items() if k not in _VECTOR_KWARGS}
     backend = options.pop("backend", None)
@@ -179,25 +216,60 @@ def _the_env_id(env_id: object, kwargs: dict[str, Any]) -> object:
 
 
 def _check_mode(mode: object, blocking: bool | None) -> VectorizeMode | None:
-    """``vectorization_mode``: ``None``, or a mode aiovec has a twin for."""
+    """``vectorization_mode``: ``None``, or one of gymnasium's ``VectorizeMode``."""
     if mode is None:
         return None
     try:
         checked = VectorizeMode(mode)
     except (ValueError, TypeError):
-        checked = None
-    if checked not in _BACKEND_OF_MODE:
         raise ValueError(
-            "vectorization_mode must be 'sync' or 'async' (or gymnasium's VectorizeMode.SYNC/"
-            f"ASYNC; aiovec vectorizes single envs, not vector entry points), got {describe(mode)}"
-        )
+            "vectorization_mode must be 'sync', 'async' or 'vector_entry_point' (or "
+            f"gymnasium's VectorizeMode), got {describe(mode)}"
+        ) from None
     if blocking is False:
+        built = "gymnasium's own" if checked is _ENTRY_POINT else "a BlockingVectorEnv"
         raise ValueError(
-            f"vectorization_mode={checked.value!r} builds a gymnasium vector env (a "
-            "BlockingVectorEnv), but blocking=False asks for an AsyncioVectorEnv; "
-            "give one of them"
+            f"vectorization_mode={checked.value!r} returns a gymnasium vector env ({built}), "
+            "but blocking=False asks for an AsyncioVectorEnv; give one of them"
         )
     return checked
+
+
+def _from_entry_point(
+    env_id: object,
+    num_envs: int,
+    *,
+    vector_kwargs: object,
+    wrappers: object,
+    backend: str | None,
+    kwargs: dict[str, Any],
+) -> gymnasium.vector.VectorEnv[Any, Any, Any]:
+    """``gymnasium.make_vec`` of the id's vector entry point, once nothing of aiovec's is asked."""
+    if not isinstance(env_id, str | EnvSpec):
+        raise ValueError(
+            "vectorization_mode='vector_entry_point' needs a registry id or EnvSpec (the vector "
+            f"entry point is registered with the id), got {describe(env_id)}"
+        )
+    spec = gymnasium.spec(env_id) if isinstance(env_id, str) else env_id
+    if spec.vector_entry_point is None:
+        raise ValueError(
+            f"{spec.id} has no vector entry point (vectorization_mode='vector_entry_point'); "
+            "leave vectorization_mode out (or 'sync'/'async') to vectorize its single envs"
+        )
+    asked = sorted(
+        [k for k in kwargs if k in _VECTOR_KWARGS]
+        + (["backend"] if backend is not None else [])
+        + (["vector_kwargs"] if vector_kwargs else [])
+        + (["wrappers"] if wrappers else [])
+    )
+    if asked:
+        raise ValueError(
+            f"vectorization_mode='vector_entry_point' returns gymnasium's own vector env for "
+            f"{spec.id} ({spec.vector_entry_point}), which takes none of aiovec's options: "
+            f"leave out {', '.join(asked)}, or leave vectorization_mode out to build aiovec's "
+            "vector env"
+        )
+    return gymnasium.make_vec(env_id, num_envs, vectorization_mode=_ENTRY_POINT, **kwargs)
 
 
 def _vector_options(

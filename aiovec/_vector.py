@@ -51,6 +51,7 @@ from aiovec._core.calls import (
     Reset,
     SetAttr,
 )
+from aiovec._core.fits import ResultCheck
 from aiovec._core.latency import LatencyStats
 from aiovec._core.lifecycle import Lifecycle, State, VectorCall, allowed_in
 from aiovec._core.ops import CallOp, StepOp
@@ -175,6 +176,13 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             tuple ``(observation_space, single_observation_space)`` to use
             as they are (each env's space of the single space's shape and
             dtype).
+        check_observations: When observations are checked against each
+            env's observation space (its bounds, as gymnasium's
+            ``Space.contains``; their shape and dtype always are): ``None``, in
+            the first reset and the first step; ``True``, in every call;
+            ``False``, never.  One that does not fit fails its env (an
+            `aiovec.EnvError` naming the env, the call and the first element
+            out of bounds).
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
@@ -205,6 +213,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         backend_options: Mapping[str, Any] | None = None,
         reset_options: ResetHook | None = None,
         observation_mode: str | tuple[spaces.Space[Any], spaces.Space[Any]] = "same",
+        check_observations: bool | None = None,
     ) -> None:
         self._life = Lifecycle()
         self._backend: Backend | None = None
@@ -222,6 +231,9 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         limiter = validate.check_max_concurrency(max_concurrency, backend_name)
         self._hook = _check_hook(reset_options)
         self.observation_mode = validate.check_observation_mode(observation_mode)
+        self.check_observations = validate.check_bool_or_none(
+            "check_observations", check_observations
+        )
         if isinstance(limiter, int):
             limiter = anyio.CapacityLimiter(limiter)
         backend_cls = load_backend(backend_name)
@@ -278,7 +290,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
         self._batcher = Batcher(single, traits.action_spaces[0], self.num_envs, self.copy, batched)
         self._autoreset = AutoresetState(mode, self.num_envs, self._hook)
         self._sent = Sent(self.num_envs)
-        self._check = validate.step_result_checker(single)
+        self._check = ResultCheck(traits.observation_spaces, self.check_observations)
         self._order = tuple(range(self.num_envs))
         restarter = Restarter(self.restart_policy, self.num_envs, self._backend, self._autoreset)
         self._flight = Flight(
@@ -286,7 +298,7 @@ class AsyncioVectorEnv(Generic[ObsType, ActType]):
             self._life,
             self._sent,
             restarter,
-            check_results=self._check,
+            check_results=self._check.check,
             step_timeout=self.step_timeout,
             reset_timeout=self.reset_timeout,
         )

@@ -33,3 +33,28 @@ def test_cpu_only_names_its_choices():
     assert "lockstepp" in done.stderr
     for part in ("lockstep", "pipelined", "scaling", "parent"):  # quoted or not, by Python version
         assert part in done.stderr.split("choose from", 1)[1]
+
+
+INSTRUCTIONS = CPU.parent / "instructions.py"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--cases", "sync8,fast"], "--cases: expected some of sync8,async8,yield64"),
+        (["--steps", "1000"], "--steps: expected FEW,MANY with 0 <= FEW < MANY"),
+        (["--steps", "10,5"], "--steps: expected FEW,MANY"),
+    ],
+)
+def test_instructions_refuses_bad_options_before_running_valgrind(args, says):
+    done = subprocess.run(
+        [sys.executable, str(INSTRUCTIONS), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert "callgrind)" not in done.stdout  # nothing was measured

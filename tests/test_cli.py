@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import aiovec
 from aiovec.__main__ import INTERRUPTED, main
 from aiovec._cli import bench, demo
 from aiovec._cli.args import int_list
+from aiovec._cli.factory import Factory, load_factory, probe
 from aiovec._cli.memory import tree_rss
 from aiovec._cli.report import LARGE_N, Progress, StepTimes, format_table, large_n_advice
 
@@ -245,6 +247,10 @@ def make_blocking_env():
     return Blocking()
 
 
+def make_cartpole():
+    return gymnasium.make("CartPole-v1")
+
+
 def make_crashing_env():
     return Crashing()
 
@@ -345,7 +351,7 @@ def test_bench_explains_a_bad_factory_in_one_paragraph(envs_py, capsys, factory,
 def test_bench_lists_the_callables_a_file_defines(envs_py, capsys):
     main(["bench", f"{envs_py}:nope"])
     err = capsys.readouterr().err
-    assert "make_async_env, make_blocking_env, make_crashing_env, make_env, needs_arg" in err
+    assert "make_async_env, make_blocking_env, make_cartpole, make_crashing_env, make_env" in err
 
 
 def test_bench_passes_env_kwargs_to_the_factory(envs_py, capsys):
@@ -381,7 +387,11 @@ def test_bench_traceback_flag_shows_where_the_factory_failed(envs_py, capsys):
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("make_env", "expected MODULE:FACTORY or path/to/file.py:FACTORY, got 'make_env'"),
+        (
+            "make_env",
+            "expected MODULE:FACTORY, path/to/file.py:FACTORY or a gymnasium registry id, "
+            "got 'make_env'",
+        ),
         ("no_such_module_here:make_env", "no module named 'no_such_module_here'"),
         ("missing/envs.py:make_env", "no such file: missing/envs.py."),
     ],
@@ -531,7 +541,7 @@ def test_the_collector_is_recommended_only_where_it_is_faster():
     choice = bench.choose([step, faster])
     assert choice is not None
     assert choice.pick is faster
-    text = bench.recommend([step, faster], bench.Factory("e.py:make", "make", object))
+    text = bench.recommend([step, faster], Factory("e.py:make", "make", object))
     assert text.splitlines()[1:3] == [
         '    venv = aiovec.AsyncioVectorEnv([make] * 64, backend="inline")',
         "    collector = aiovec.Collector(venv, policy, segment_length=8, batch_size=8)"
@@ -574,7 +584,7 @@ def test_the_tie_rule_recommends_the_simplest_within_the_noise_of_the_fastest():
     assert choice.fastest is process
     assert choice.pick is inline
     assert choice.tied == (process,)
-    text = bench.recommend([process, thread, inline], bench.Factory("e.py:make", "make", object))
+    text = bench.recommend([process, thread, inline], Factory("e.py:make", "make", object))
     assert text.splitlines()[:3] == [
         "Recommended: inline with 8 envs, 1,000 env-steps/s +/-2%:",
         '    aiovec.AsyncioVectorEnv([make] * 8, backend="inline")',
@@ -620,7 +630,7 @@ def test_looks_blocking(wall, cpu, env_steps, blocking):
 
 
 def test_recommendation_names_the_best_per_size_and_the_factory_with_its_kwargs():
-    factory = bench.Factory("envs.py:make", "make", object, {"size": 7})
+    factory = Factory("envs.py:make", "make", object, {"size": 7})
     results = [
         result("inline", 8, (2000.0, 2000.0, 2000.0)),
         result("process", 8, (4000.0, 4100.0, 4200.0), workers=2),
@@ -640,7 +650,7 @@ def test_recommendation_names_the_best_per_size_and_the_factory_with_its_kwargs(
 
 
 def test_the_table_has_no_rule_under_the_note_column():
-    factory = bench.Factory("envs.py:make", "make", object)
+    factory = Factory("envs.py:make", "make", object)
     table = bench.render([result("inline", 8, (1.0e3, 1.0e3, 1.0e3))], [], factory)
     header, rule = table.splitlines()[2:4]
     assert header.endswith("peak RSS")
@@ -650,16 +660,69 @@ def test_the_table_has_no_rule_under_the_note_column():
 
 def test_recommendation_when_everything_failed():
     failed = [bench.Result(bench.Config("inline", 8), error=RuntimeError("x"))]
-    assert bench.recommend(failed, bench.Factory("m:f", "f", object)).startswith("Every")
+    assert bench.recommend(failed, Factory("m:f", "f", object)).startswith("Every")
 
 
 @pytest.mark.parametrize(("sizes", "advised"), [((8, LARGE_N - 1), False), ((8, LARGE_N), True)])
 def test_bench_points_to_the_gc_advice_when_a_size_reaches_a_thousand_envs(sizes, advised):
-    factory = bench.Factory("envs.py:make", "make", object)
+    factory = Factory("envs.py:make", "make", object)
     results = [result("inline", n, (1.0e4, 1.0e4, 1.0e4)) for n in sizes]
     text = bench.render(results, [], factory)
     assert (text.splitlines()[-1] == large_n_advice(max(sizes))) is advised
     assert ("docs/performance.md" in text) is advised
+
+
+# --------------------------------------------------------------------------- vector entry points
+
+ENTRY = bench.ENTRY_POINT
+
+
+def test_bench_takes_a_registry_id_and_names_its_vector_entry_point(capsys):
+    args = ["bench", "CartPole-v1", *FAST, "--backends", "inline", "--no-collector"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(bench.ENTRY_POINT)]
+    assert [row.split()[3] for row in rows] == ["2", "4"]  # measured at each size
+    assert "<- recommended" not in "".join(rows)  # gymnasium's, never the recommendation
+    assert "[lambda: gymnasium.make('CartPole-v1')] * " in out
+    assert re.search(
+        r"CartPole-v1 has a vector entry point: gymnasium's own vector env of it made "
+        r"[0-9,]+ env-steps/s with [24] envs, [0-9.]+x the recommended\. "
+        r'aiovec.make\("CartPole-v1", [24], vectorization_mode="vector_entry_point"\)',
+        out,
+    )
+
+
+def test_bench_finds_the_vector_entry_point_of_a_factorys_env(envs_py, capsys):
+    """A factory of the user's own that makes a registered env: its id is named too."""
+    assert probe(load_factory(f"{envs_py}:make_cartpole")).entry_point == "CartPole-v1"
+    assert probe(load_factory(f"{envs_py}:make_env")).entry_point is None
+    assert probe(load_factory("Acrobot-v1")).entry_point is None  # an id without one
+
+
+def test_the_vector_entry_point_is_planned_at_each_size_once():
+    configs, _ = bench.plan("sync", ["inline"], [4, 16], [1], partial=True, entry_point=True)
+    entries = [c for c in configs if c.backend == bench.ENTRY_POINT]
+    assert entries == [bench.Config(bench.ENTRY_POINT, 4), bench.Config(bench.ENTRY_POINT, 16)]
+
+
+def test_the_vector_entry_point_is_never_the_recommendation():
+    """Gymnasium's own vector env is not what the factory makes (it has no wrappers)."""
+    inline, entry = result("inline", 8, (1.0e3, 1.0e3, 1.0e3)), result(ENTRY, 8, (1e5, 1e5, 1e5))
+    choice = bench.choose([entry, inline])
+    assert (choice.pick, choice.fastest) == (inline, inline)
+    factory = Factory("CartPole-v1", "gymnasium.make", object, entry_point="CartPole-v1")
+    assert "made 100,000 env-steps/s with 8 envs, 100.0x the recommended." in bench.render(
+        [entry, inline], [], factory
+    )
+
+
+def test_a_failing_vector_entry_point_is_said_not_recommended():
+    factory = Factory("CartPole-v1", "gymnasium.make", object, entry_point="CartPole-v1")
+    failed = bench.Result(bench.Config(bench.ENTRY_POINT, 8), error=TypeError("no kwarg x"))
+    text = bench.render([result("inline", 8, (1.0e3, 1.0e3, 1.0e3)), failed], [], factory)
+    assert "Recommended: inline with 8 envs" in text
+    assert "gymnasium's own vector env of it failed here (TypeError: no kwarg x)." in text
 
 
 # --------------------------------------------------------------------------- shared pieces

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -19,6 +20,7 @@ from conftest import (
     oracle_env,
     space_env_fns,
 )
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 from gymnasium.wrappers.vector import ClipAction, NormalizeReward, RecordEpisodeStatistics
 
@@ -306,7 +308,7 @@ def test_make_an_explicit_backend_wins_over_the_mode():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"vectorization_mode": "vector_entry_point"}, ValueError, "'sync' or 'async'"),
+        ({"vectorization_mode": "vector_entry_point"}, ValueError, "needs a registry id"),
         ({"vectorization_mode": "threads"}, ValueError, "vectorization_mode must be"),
         ({"vectorization_mode": "sync", "blocking": False}, ValueError, "blocking=False"),
         ({"vector_kwargs": {"worker": print}}, TypeError, r"vector_kwargs\['worker'\]"),
@@ -327,3 +329,84 @@ def test_make_refuses_conflicting_arguments_before_building_anything(kwargs, err
     with pytest.raises(error, match=match):
         aiovec.make(factory, 2, **kwargs)
     assert not built
+
+
+# --------------------------------------------------------------------------- vector entry points
+
+
+@pytest.fixture
+def counted_id():
+    """A registered id with a vector entry point that records each vector env it builds."""
+    built: list[dict[str, Any]] = []
+
+    def vector_entry_point(**kwargs: Any) -> Any:
+        built.append(dict(kwargs))
+        kwargs.pop("max_episode_steps", None)  # what make_vec adds from the spec
+        return CartPoleVectorEnv(**kwargs)
+
+    gymnasium.register(
+        "AiovecCounted-v0",
+        entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+        vector_entry_point=vector_entry_point,
+        max_episode_steps=20,
+    )
+    try:
+        yield "AiovecCounted-v0", built
+    finally:
+        del gymnasium.registry["AiovecCounted-v0"]
+
+
+@pytest.mark.parametrize("mode", ["vector_entry_point", gymnasium.VectorizeMode.VECTOR_ENTRY_POINT])
+def test_make_with_the_vector_entry_point_is_gymnasiums_own_vector_env(mode):
+    """As ``gymnasium.make_vec`` builds it: the same class, spec and results."""
+    kwargs = {"sutton_barto_reward": True, "render_mode": "rgb_array"}
+    envs = aiovec.make("CartPole-v1", 5, mode, **kwargs)
+    oracle = gymnasium.make_vec("CartPole-v1", 5, "vector_entry_point", **kwargs)
+    try:
+        assert type(envs) is type(oracle) is CartPoleVectorEnv
+        assert not isinstance(envs, aiovec.BlockingVectorEnv)
+        assert envs.spec == oracle.spec
+        assert envs.spec.kwargs["vectorization_mode"] == "vector_entry_point"
+        assert envs.render_mode == "rgb_array"
+        _drive_pair(envs, oracle, 100, seed=4)
+    finally:
+        envs.close()
+        oracle.close()
+
+
+def test_make_hands_num_envs_and_the_env_kwargs_to_the_vector_entry_point(counted_id):
+    env_id, built = counted_id
+    envs = aiovec.make(env_id, 3, "vector_entry_point", sutton_barto_reward=True)
+    assert envs.num_envs == 3
+    envs.close()
+    assert built == [{"num_envs": 3, "sutton_barto_reward": True, "max_episode_steps": 20}]
+
+
+def test_without_a_mode_make_still_builds_aiovecs_vector_env(counted_id):
+    """Unlike make_vec, no mode is not the vector entry point (docs/migrating.md says why)."""
+    env_id, built = counted_id
+    with aiovec.make(env_id, 2) as envs:
+        assert isinstance(envs, aiovec.BlockingVectorEnv)
+    assert built == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"blocking": False}, r"returns a gymnasium vector env \(gymnasium's own\), but blocking"),
+        ({"backend": "process"}, "takes none of aiovec's options: leave out backend,"),
+        ({"step_timeout": 1.0, "copy": False}, "leave out copy, step_timeout,"),
+        ({"vector_kwargs": {"copy": False}}, "leave out vector_kwargs,"),
+        ({"wrappers": [gymnasium.wrappers.RecordEpisodeStatistics]}, "leave out wrappers,"),
+    ],
+)
+def test_make_refuses_aiovecs_options_with_the_vector_entry_point(counted_id, kwargs, match):
+    env_id, built = counted_id
+    with pytest.raises(ValueError, match=match):
+        aiovec.make(env_id, 2, "vector_entry_point", **kwargs)
+    assert built == []
+
+
+def test_make_refuses_the_vector_entry_point_of_an_id_that_has_none():
+    with pytest.raises(ValueError, match="Acrobot-v1 has no vector entry point"):
+        aiovec.make("Acrobot-v1", 2, vectorization_mode="vector_entry_point")

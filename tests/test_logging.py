@@ -3,9 +3,10 @@
 The loop-hog threshold is the running loop's ``slow_callback_duration``; the
 tests lower it so that an env holding the loop for a few milliseconds (the
 scenario itself, not synchronisation) is over it.  A hog that runs on the CPU
-(`burn`) is named; a stretch the loop's thread did not run for (a sleep stands
-for the OS taking the CPU away, which looks the same to aiovec) is said
-without naming an env.
+(`burn`) or blocks in a synchronous call (``time.sleep``) is named; a stretch
+the OS took (the loop's thread preempted) names no env: the tests make one by
+giving the vector env counters that say so (`preempted_counters`), not by
+loading the machine.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import pytest
 import pytest_asyncio
 
 import aiovec
-from aiovec._log import slow_slice_limit
+from aiovec import _log
+from aiovec._log import Counters, LoopHogs, Verdict, judge, slow_slice_limit
 from aiovec.backends import inline
 
 SPACE = gymnasium.spaces.Discrete(3)
@@ -72,12 +74,29 @@ class LateHog(PoliteEnv):
         return 0, 0.0, False, False, {}
 
 
+class EagerSleeper(PoliteEnv):
+    """The most common asyncio mistake: a synchronous sleep (or request) in ``async def step``.
+
+    It blocks at its first step only: a hog that blocks once is named too.
+    """
+
+    def __init__(self):
+        self.steps = 0
+
+    async def step(self, action):
+        self.steps += 1
+        if self.steps == 1:
+            time.sleep(BLOCK)  # noqa: ASYNC251  (the blocking call this test is about)
+        await asyncio.sleep(0)
+        return 0, 0.0, False, False, {}
+
+
 class LateSleeper(PoliteEnv):
-    """Holds the loop after an await without running: as if the OS took the CPU away."""
+    """Blocks the loop after an await, in a synchronous call (a slice its lane carries on)."""
 
     async def step(self, action):
         await asyncio.sleep(0)
-        time.sleep(BLOCK)  # noqa: ASYNC251  (the stretch off the CPU this test is about)
+        time.sleep(BLOCK)  # noqa: ASYNC251  (the blocking call this test is about)
         return 0, 0.0, False, False, {}
 
 
@@ -125,6 +144,20 @@ def off_cpu_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "the event loop was held" in r.getMessage()]
 
 
+def preempted_counters() -> Counters:
+    """What the kernel says of a thread the OS keeps preempting: it never runs, never blocks."""
+    preempted_counters.calls += 1  # type: ignore[attr-defined]
+    return Counters(time.perf_counter(), 0.0, 0, preempted_counters.calls)  # type: ignore[attr-defined]
+
+
+preempted_counters.calls = 0  # type: ignore[attr-defined]
+
+
+def uncounted() -> Counters:
+    """A platform that counts no context switches per thread (and a thread that never ran)."""
+    return Counters(time.perf_counter(), 0.0, -1, -1)
+
+
 async def run(fns, steps: int = 3) -> None:
     async with aiovec.AsyncioVectorEnv(fns) as venv:
         await venv.reset()
@@ -136,7 +169,7 @@ async def run(fns, steps: int = 3) -> None:
 @pytest.mark.asyncio
 async def test_async_envs_that_hold_the_loop_are_named_in_one_line(hog, low_limit, caplog):
     caplog.set_level(logging.WARNING, logger="aiovec")
-    await run([PoliteEnv, hog, PoliteEnv, hog])  # steps: named from the 2nd step on
+    await run([PoliteEnv, hog, PoliteEnv, hog], steps=1)  # named from the first step
     # one line per vector env and call, not one per env (on a loaded machine a line
     # about a stretch the OS took may come too: it names no env)
     (warning,) = [r for r in caplog.records if "held the event loop" in r.getMessage()]
@@ -209,20 +242,95 @@ async def test_a_cpu_bound_reset_is_named_at_once(low_limit, caplog):
     assert len(hog_warnings(caplog)) == 1
 
 
-@pytest.mark.parametrize("sleeper", [LateSleeper, SyncSleeper])
+@pytest.mark.parametrize("sleeper", [EagerSleeper, LateSleeper])
 @pytest.mark.asyncio
-async def test_a_stretch_off_the_cpu_is_said_without_blaming_an_env(sleeper, low_limit, caplog):
-    """The OS took the loop's thread off the CPU, or a call blocked: no env is to blame."""
+async def test_a_blocking_call_in_an_async_step_is_named_from_the_first_step(
+    sleeper, low_limit, caplog
+):
     caplog.set_level(logging.WARNING, logger="aiovec")
-    await run([PoliteEnv if sleeper is LateSleeper else SyncFine, sleeper], steps=4)
+    await run([PoliteEnv, sleeper], steps=1)
+    (message,) = hog_warnings(caplog)
+    assert re.match(r"env 1 held the event loop in a blocking call for up to [0-9.]+ s ", message)
+    assert "in step()" in message
+    assert "time.sleep" in message
+    assert "asyncio.to_thread" in message
+    assert off_cpu_warnings(caplog) == []
+
+
+@pytest.mark.asyncio
+async def test_a_blocking_sync_env_on_inline_is_named(low_limit, caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([SyncFine, SyncSleeper], steps=2)  # sync steps: named from the 2nd step on
+    (message,) = hog_warnings(caplog)
+    assert message.startswith("env 1 held the event loop in a blocking call")
+    assert "backend='thread'" in message
+
+
+@pytest.mark.parametrize("sleeper", [EagerSleeper, LateSleeper, EagerHog, SyncSleeper])
+@pytest.mark.asyncio
+async def test_a_stretch_the_os_took_names_no_env(sleeper, low_limit, caplog, monkeypatch):
+    """The thread was preempted and ran little (as the counters given say): no env is to blame."""
+    monkeypatch.setattr(_log, "thread_counters", preempted_counters)
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([SyncFine if sleeper is SyncSleeper else PoliteEnv, sleeper], steps=3)
     assert hog_warnings(caplog) == []
     (message,) = off_cpu_warnings(caplog)
     assert re.match(r"the event loop was held for [0-9.]+ s in step\(\)", message)
-    assert "in step()" in message
-    assert "but its thread ran on a CPU for only 0.0" in message
-    assert "the OS ran other work meanwhile" in message
+    assert "but its thread ran on a CPU for only 0.000 s of it" in message
+    assert re.search(r"the OS preempted it \d+ time\(s\) to run other work", message)
     assert "no env is named" in message
     assert "env 1" not in message
+
+
+@pytest.mark.asyncio
+async def test_without_switch_counters_a_stretch_off_the_cpu_names_no_env(
+    low_limit, caplog, monkeypatch
+):
+    monkeypatch.setattr(_log, "thread_counters", uncounted)
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    await run([PoliteEnv, LateSleeper], steps=2)
+    assert hog_warnings(caplog) == []
+    (message,) = off_cpu_warnings(caplog)
+    assert "or a call blocked without awaiting" in message
+    assert "this platform does not count which" in message
+
+
+@pytest.mark.parametrize(
+    ("held", "ran", "voluntary", "involuntary", "verdict"),
+    [
+        (0.5, 0.5, 0, 0, Verdict.CPU),  # ran the whole stretch
+        (0.5, 0.05, 0, 9, Verdict.CPU),  # preempted, but ran a tenth of it: a CPU-bound env
+        (0.5, 0.0, 1, 0, Verdict.BLOCKED),  # a sleep: off the CPU, never preempted
+        (0.5, 0.0, 40, 0, Verdict.BLOCKED),  # a request: many waits
+        (0.5, 0.01, 0, 0, Verdict.CPU),  # never off the CPU (an old reference ran little)
+        (0.5, 0.0, 0, 1, Verdict.PREEMPTED),  # the OS took it
+        (0.5, 0.0, 1, 1, Verdict.BLOCKED),  # blocked in the env's call, and preempted too
+        (0.5, 0.04, 3, 2, Verdict.BLOCKED),
+        (0.5, 0.0, -1, -1, Verdict.UNKNOWN),  # no counters on this platform
+        (0.5, 0.05, -1, -1, Verdict.CPU),  # ...where the CPU time still names a CPU hog
+    ],
+)
+def test_who_held_the_loop(held, ran, voluntary, involuntary, verdict):
+    assert judge(held, ran, voluntary, involuntary) is verdict
+
+
+def test_a_stretch_is_judged_from_the_counters_read_around_it(caplog):
+    """CPU time before the stretch is never counted in it (the reference may be older)."""
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    t = time.perf_counter() + 1_000.0  # (no collector pause is that late)
+    readings = iter(
+        [
+            Counters(t, 1.0, 5, 5),  # the reference, 0.3 s before the stretch
+            Counters(t + 0.8, 1.79, 5, 6),  # after it: 0.79 s of CPU since the reference
+        ]
+    )
+    hogs = LoopHogs(lambda: next(readings))
+    hogs.call = "step"
+    hogs.slow(2, t + 0.3, t + 0.8)  # so at least 0.49 s within the 0.5 s stretch: on the CPU
+    hogs.say()
+    (message,) = hog_warnings(caplog)
+    assert message.startswith("env 2 held the event loop on the CPU for up to 0.500 s")
+    assert hogs.mark.at == t + 0.8  # the reading after a stretch is the next one's reference
 
 
 @pytest.mark.asyncio
@@ -491,3 +599,28 @@ async def test_a_real_hog_among_many_waiting_envs_is_named_at_the_default_limit(
     await run([Waiting] * 500 + [CpuHog] + [Waiting] * 499, steps=2)
     (warning,) = hog_warnings(caplog)
     assert re.match(r"env 500 held the event loop on the CPU for up to [0-9.]+ s ", warning)
+
+
+def test_a_block_with_a_preemption_is_named_saying_the_os_may_share_it(caplog):
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    t = time.perf_counter() + 1_000.0
+    readings = iter([Counters(t, 1.0, 5, 5), Counters(t + 0.5, 1.0, 6, 6)])
+    hogs = LoopHogs(lambda: next(readings))
+    hogs.call = "reset"
+    hogs.slow(0, t, t + 0.5)
+    hogs.say()
+    (message,) = hog_warnings(caplog)
+    assert message.startswith("env 0 held the event loop in a blocking call for up to 0.500 s")
+    assert "in reset()" in message
+    assert "the OS also preempted it 1 time(s), so some of that time may be the OS's" in message
+
+
+def test_a_reference_read_on_another_thread_judges_nothing(caplog):
+    """A vector env used from another thread than the last reading's: no verdict at all."""
+    caplog.set_level(logging.WARNING, logger="aiovec")
+    t = time.perf_counter() + 1_000.0
+    readings = iter([Counters(t, 1.0, 5, 5, thread=1), Counters(t + 0.5, 1.0, 6, 5, thread=2)])
+    hogs = LoopHogs(lambda: next(readings))
+    hogs.slow(0, t, t + 0.5)  # it blocked, say the counters: of two threads
+    assert not hogs.noted
+    assert hogs.mark.thread == 2  # the next stretch compares with this thread's reading

@@ -32,6 +32,7 @@ NON_DEFAULT: dict[str, Any] = {
     "backend_options": {},
     "reset_options": lambda env_id, episode: None,
     "observation_mode": "different",
+    "check_observations": True,
 }
 
 

@@ -1,17 +1,8 @@
-"""``python -m aiovec bench MODULE:FACTORY``: which backend suits *your* env?
+"""``python -m aiovec bench MODULE:FACTORY`` (or a registry id): which backend suits *your* env?
 
 Theory of operation
 -------------------
-1. **Load** the factory: ``package.module:make_env`` is imported (the current
-   directory is on the path, as for ``python -m``); ``path/to/file.py:make_env``
-   is loaded from that file, its folder put first on ``sys.path`` (as when the
-   file is run as a script) and the module registered with cloudpickle to
-   travel *by value*, so worker processes need not be able to import it.
-   ``--env-kwargs`` (a JSON object) are bound to it.
-2. **Probe**: the factory is called once, here, and what it returns is checked
-   to be an env (sync or async) and closed.  Anything wrong so far is one
-   paragraph (`FactoryError`) naming the factory, what went wrong and
-   what a factory must be; ``--traceback`` adds the traceback.
+1. **Load** and 2. **probe** the factory: see ``_cli/factory.py``.
 3. **Plan** one configuration per backend x ``num_envs`` (x ``num_workers`` for
    ``process``), each twice: lock-step ``step()``, and partial stepping through
    `aiovec.Collector` (``_cli/partial.py``; ``--no-collector`` leaves it out).
@@ -20,7 +11,11 @@ Theory of operation
    worker per usable CPU, which the default ``cpus="auto"`` pins one per CPU, is
    measured with ``backend_options={"cpus": None}`` too (the OS places the
    workers: on a machine shared with other work pinning can lose); the default
-   placement ranks as simpler.  A backend that cannot run here
+   placement ranks as simpler.  Where the env's registry id has a vector
+   entry point (gymnasium's own vector env, e.g. CartPole's, which steps every
+   env in one numpy call), it is measured at each size too, and named with its
+   figure: it is gymnasium's, not aiovec's, so it is never the recommendation.
+   A backend that cannot run here
    (``thread`` for async envs, a backend not in this release, a missing optional
    dependency) is listed as skipped, with the reason.
 4. **Measure** each configuration ``--repeats`` times (3 by default),
@@ -59,46 +54,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
-import importlib
 import importlib.util
-import inspect
 import os
 import statistics
 import sys
-import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 import aiovec
 from aiovec._cli.args import int_list, json_object, positive_float, positive_int
+from aiovec._cli.factory import Factory, FactoryError, load_factory, print_error, probe
 from aiovec._cli.memory import PeakMemory
 from aiovec._cli.partial import collector_shape, measure_collector
-from aiovec._cli.report import Progress, StepTimes, format_table, large_n_advice
+from aiovec._cli.report import Progress, StepTimes, format_table, large_n_advice, short, timed
 from aiovec._core.validate import BACKENDS, usable_cpus
 from aiovec.backends import load_backend
-from aiovec.backends._base import check_env
 
 __all__ = (
+    "ENTRY_POINT",
     "Choice",
     "Config",
-    "Factory",
-    "FactoryError",
     "Result",
     "add_parser",
     "choose",
-    "load_factory",
     "looks_blocking",
     "measure",
     "merge",
     "plan",
     "plot",
-    "probe",
     "recommend",
     "render",
     "run",
@@ -113,32 +99,7 @@ BLOCKING_WAIT = 0.5e-3  # ... and at least this many seconds of it per env-step
 SIMPLER = ("inline", "thread", "process", "ray")  # simplest first
 ACTION_POOL = 16  # action batches sampled up front and replayed
 USAGE_ERROR = 2
-_FACTORY_HELP = (
-    "A factory is a callable that takes no arguments and returns a new env each time it "
-    "is called: a gymnasium.Env or an aiovec.AsyncEnv (an env class works too)."
-)
-
-
-class FactoryError(Exception):
-    """The factory cannot be loaded, called, or does not make an env (one paragraph)."""
-
-
-@dataclass(frozen=True)
-class Factory:
-    """A loaded env factory and where it came from."""
-
-    target: str
-    name: str
-    make: Callable[[], Any]
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def expression(self) -> str:
-        """How the recommended code spells the factory (its ``--env-kwargs`` bound)."""
-        if not self.kwargs:
-            return self.name
-        bound = ", ".join(f"{key}={value!r}" for key, value in self.kwargs.items())
-        return f"lambda: {self.name}({bound})"
+ENTRY_POINT = "vector entry point"  # Config.backend of gymnasium's own vector env
 
 
 @dataclass(frozen=True)
@@ -210,6 +171,11 @@ class Result:
         return (max(rates) - min(rates)) / 2 / self.rate if rates and self.rate else 0.0
 
     @property
+    def figure(self) -> str:
+        """``12,345 env-steps/s +/-3%``: the median rate and its spread."""
+        return f"{self.rate:,.0f} env-steps/s +/-{self.spread:.0%}"
+
+    @property
     def times(self) -> StepTimes | None:
         """Every repeat's step times together (``None`` if it failed)."""
         if not self.rates:
@@ -230,117 +196,6 @@ def merge(parts: Sequence[Result]) -> Result:
     )
 
 
-# --------------------------------------------------------------------------- load and probe
-
-
-def load_factory(target: str, kwargs: Mapping[str, Any] | None = None) -> Factory:
-    """Import ``MODULE:FACTORY`` or load ``path/to/file.py:FACTORY``; bind ``kwargs`` to it.
-
-    Raises:
-        FactoryError: The target is malformed, the module or file cannot be
-            loaded, or it has no such callable.
-    """
-    source, sep, name = target.rpartition(":")
-    if not sep or not source or not name:
-        raise FactoryError(
-            f"expected MODULE:FACTORY or path/to/file.py:FACTORY, got {target!r} "
-            "(e.g. mypackage.envs:make_env or envs.py:make_env)."
-        )
-    is_file = source.endswith(".py") or "/" in source or os.sep in source
-    module = _load_file(Path(source)) if is_file else _import(source)
-    obj: Any = module
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            names = sorted(k for k, v in vars(module).items() if callable(v) and k[0] != "_")
-            raise FactoryError(
-                f"{source} has no attribute {name!r}; it defines these callables: "
-                f"{', '.join(names) or 'none'}."
-            )
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise FactoryError(f"{target} is not callable (it is {_short(repr(obj))}). {_FACTORY_HELP}")
-    if not kwargs:
-        return Factory(target, name, obj)
-    return Factory(target, name, functools.partial(obj, **kwargs), dict(kwargs))
-
-
-def _import(module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise FactoryError(
-                f"no module named {module_name!r} (searched the current directory and the "
-                "installed packages; for a file, write path/to/file.py:FACTORY)."
-            ) from exc
-        raise FactoryError(_failed(f"importing {module_name}", exc)) from exc
-    except Exception as exc:
-        raise FactoryError(_failed(f"importing {module_name}", exc)) from exc
-
-
-def _load_file(path: Path) -> Any:
-    if not path.is_file():
-        raise FactoryError(f"no such file: {path}.")
-    module_name = f"_aiovec_bench_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise FactoryError(f"cannot load {path} as a Python module (is it a .py file?)")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.resolve().parent))  # its sibling modules import, as in a script
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        del sys.modules[module_name]
-        if not isinstance(exc, Exception):
-            raise
-        raise FactoryError(_failed(f"running {path}", exc)) from exc
-    cloudpickle.register_pickle_by_value(module)  # workers cannot import it by name
-    return module
-
-
-def probe(factory: Factory) -> str:
-    """Call the factory once and check what it returns; ``"sync"`` or ``"async"``.
-
-    Raises:
-        FactoryError: The call raised or returned something that is not an env.
-    """
-    try:
-        env = factory.make()
-    except Exception as exc:
-        hint = ""
-        if isinstance(exc, TypeError) and "argument" in str(exc):
-            hint = (
-                " It must take no arguments: pass them with --env-kwargs "
-                "(e.g. '{\"size\": 7}') or bind them in a function of your own."
-            )
-        raise FactoryError(
-            _failed(f"calling {factory.name}()", exc) + hint + " " + _FACTORY_HELP
-        ) from exc
-    try:
-        check_env(0, env)  # the env protocol's members, as AsyncioVectorEnv checks them
-    except TypeError as exc:
-        what = str(exc).replace("env_fns[0]()", f"{factory.name}()")
-        raise FactoryError(f"{what}. {_FACTORY_HELP}") from None
-    kind = "async" if inspect.iscoroutinefunction(env.step) else "sync"
-    _close(env)
-    return kind
-
-
-def _close(env: Any) -> None:
-    """Close a probe env, best effort (its close is not what is measured)."""
-    try:
-        result = env.close()
-        if inspect.isawaitable(result):
-            asyncio.run(_awaited(result))
-    except Exception:
-        pass  # a probe env that fails to close is not what the user asked about
-
-
-async def _awaited(awaitable: Any) -> None:
-    await awaitable
-
-
 # --------------------------------------------------------------------------- plan and measure
 
 
@@ -352,10 +207,12 @@ def plan(
     *,
     partial: bool = False,
     cores: int | None = None,
+    entry_point: bool = False,
 ) -> tuple[list[Config], list[str]]:
     """Configurations to measure, and one line per backend skipped (with the reason).
 
-    ``partial``: each configuration also through a `aiovec.Collector`.  A process
+    ``partial``: each configuration also through a `aiovec.Collector`;
+    ``entry_point``: gymnasium's own vector env too, at each size.  A process
     configuration with one worker per usable CPU (``cores``, default: this
     machine's), which the default ``cpus="auto"`` pins one per CPU, is measured
     with ``cpus=None`` too (the OS places the workers): on a machine shared with
@@ -381,6 +238,8 @@ def plan(
                 configs.append(Config(backend, n))
     if partial:
         configs += [dataclasses.replace(c, collector=True) for c in configs]
+    if entry_point:
+        configs += [Config(ENTRY_POINT, n) for n in sizes]
     return configs, skipped
 
 
@@ -409,6 +268,8 @@ def measure(factory: Factory, config: Config, seconds: float) -> Result:
 async def _measure(
     factory: Factory, config: Config, seconds: float, memory: PeakMemory
 ) -> StepTimes:
+    if config.backend == ENTRY_POINT:
+        return await _measure_entry_point(factory, config.num_envs, seconds, memory)
     venv: aiovec.AsyncioVectorEnv[Any, Any] = aiovec.AsyncioVectorEnv(
         [factory.make] * config.num_envs,
         backend=config.backend,
@@ -422,18 +283,30 @@ async def _measure(
             return await measure_collector(venv, actions, seconds, memory, MIN_STEPS)
         await venv.reset(seed=0)
         await venv.step(actions[0])  # warm-up: first-call costs are not the steady state
-        memory.sample()
-        times: list[float] = []
-        deadline = time.perf_counter() + seconds
-        cpu = time.thread_time()  # inline sync envs run in this thread: see looks_blocking
-        while len(times) < MIN_STEPS or time.perf_counter() < deadline:
-            start = time.perf_counter()
-            await venv.step(actions[len(times) % ACTION_POOL])
-            times.append(time.perf_counter() - start)
-            memory.maybe_sample()
-        cpu = time.thread_time() - cpu
-        memory.sample()
-        return StepTimes(config.num_envs, tuple(times), cpu)
+        return await timed(
+            lambda k: venv.step(actions[k % ACTION_POOL]), venv.num_envs, seconds, memory, MIN_STEPS
+        )
+
+
+async def _measure_entry_point(
+    factory: Factory, num_envs: int, seconds: float, memory: PeakMemory
+) -> StepTimes:
+    """Gymnasium's own vector env of the factory's id, timed as a configuration is."""
+    assert factory.entry_point is not None
+    kwargs = factory.kwargs if factory.args else {}  # the id's own kwargs, not a factory's
+    envs = aiovec.make(factory.entry_point, num_envs, "vector_entry_point", **kwargs)
+    try:
+        envs.action_space.seed(0)
+        actions = [envs.action_space.sample() for _ in range(ACTION_POOL)]
+        envs.reset(seed=0)
+        envs.step(actions[0])
+
+        async def step(k: int) -> None:
+            envs.step(actions[k % ACTION_POOL])
+
+        return await timed(step, num_envs, seconds, memory, MIN_STEPS)
+    finally:
+        envs.close()
 
 
 # --------------------------------------------------------------------------- report
@@ -467,7 +340,7 @@ class Choice:
 
 def choose(results: Sequence[Result]) -> Choice | None:
     """The simplest configuration within the noise of the fastest (highest median); see above."""
-    measured = [r for r in results if r.rates]
+    measured = [r for r in results if r.rates and r.config.backend != ENTRY_POINT]
     if not measured:
         return None
     fastest = max(measured, key=lambda r: r.rate)
@@ -508,9 +381,7 @@ def _blocking_warning(results: Sequence[Result], factory: Factory) -> str:
     return ""
 
 
-def render(
-    results: Sequence[Result], skipped: Sequence[str], factory: Factory, kind: str = "sync"
-) -> str:
+def render(results: Sequence[Result], skipped: Sequence[str], factory: Factory) -> str:
     """The table, the skipped backends, the recommendation, any warning and advice."""
     choice = choose(results)
     rows = [_row(result, choice) for result in results]
@@ -527,13 +398,33 @@ def render(
     if skipped:
         parts += ["", "Skipped: " + "; ".join(skipped) + "."]
     parts += ["", recommend(results, factory)]
-    warning = _blocking_warning(results, factory) if kind == "sync" else ""
-    if warning:
-        parts += ["", warning]
-    advice = large_n_advice(max((r.config.num_envs for r in results), default=0))
-    if advice:
-        parts += ["", advice]
+    notes = [
+        _blocking_warning(results, factory) if factory.kind == "sync" else "",
+        _entry_point_note(results, factory),
+        large_n_advice(max((r.config.num_envs for r in results), default=0)),
+    ]
+    parts += [line for note in notes if note for line in ("", note)]
     return "\n".join(parts)
+
+
+def _entry_point_note(results: Sequence[Result], factory: Factory) -> str:
+    """What gymnasium's own vector env of the id made, and how to get it."""
+    entries = [r for r in results if r.config.backend == ENTRY_POINT]
+    if not entries:
+        return ""
+    best = max(entries, key=lambda r: r.rate)
+    head = f"{factory.entry_point} has a vector entry point: gymnasium's own vector env of it"
+    if not best.rates:
+        return f"{head} failed here ({_why(best)})."
+    choice = choose(results)
+    than = f", {best.rate / choice.pick.rate:.1f}x the recommended" if choice else ""
+    return (
+        f"{head} made {best.rate:,.0f} env-steps/s with {best.config.num_envs} envs{than}. "
+        f'aiovec.make("{factory.entry_point}", {best.config.num_envs}, '
+        'vectorization_mode="vector_entry_point") returns it, as gymnasium.make_vec does: '
+        "it steps every env in one call, without aiovec's backends, timeouts, restarts or "
+        "collectors, and without what your factory adds to the env."
+    )
 
 
 def _row(result: Result, choice: Choice | None) -> list[str]:
@@ -560,10 +451,6 @@ def _row(result: Result, choice: Choice | None) -> list[str]:
     ]
 
 
-def _described(result: Result) -> str:
-    return f"{result.config.kind}, {result.rate:,.0f} env-steps/s +/-{result.spread:.0%}"
-
-
 def recommend(results: Sequence[Result], factory: Factory) -> str:
     """The recommended configuration, its code, and the best backend for each ``num_envs``."""
     choice = choose(results)
@@ -571,16 +458,15 @@ def recommend(results: Sequence[Result], factory: Factory) -> str:
         return "Every configuration failed: see the reasons above (--traceback shows where)."
     pick = choice.pick
     lines = [
-        f"Recommended: {pick.config.kind} with {pick.config.num_envs} envs, "
-        f"{pick.rate:,.0f} env-steps/s +/-{pick.spread:.0%}:",
+        f"Recommended: {pick.config.kind} with {pick.config.num_envs} envs, {pick.figure}:",
         f"    {pick.config.code(factory.expression)}",
     ]
     if pick is not choice.fastest:
         fastest = choice.fastest
         lines.append(
             f"  Tied: the fastest, {fastest.config.kind} with {fastest.config.num_envs} envs "
-            f"({fastest.rate:,.0f} env-steps/s +/-{fastest.spread:.0%}), is within the noise of "
-            "it (their repeats overlap), so the simpler configuration is recommended."
+            f"({fastest.figure}), is within the noise of it (their repeats overlap), so the "
+            "simpler configuration is recommended."
         )
     lines += [
         "",
@@ -599,7 +485,7 @@ def recommend(results: Sequence[Result], factory: Factory) -> str:
             versus = f" (tied with {others}: the simplest is shown)"
         elif inline is not None and inline is not top:
             versus = f" ({top.rate / inline.rate:.1f}x inline)"
-        lines.append(f"  {n:>6} envs: {_described(top)}{versus}")
+        lines.append(f"  {n:>6} envs: {top.config.kind}, {top.figure}{versus}")
     return "\n".join(lines)
 
 
@@ -629,16 +515,7 @@ def plot(results: Sequence[Result], path: Path, title: str) -> None:
 
 def _why(result: Result) -> str:
     assert result.error is not None
-    return _short(f"{type(result.error).__name__}: {result.error}")
-
-
-def _failed(what: str, exc: BaseException) -> str:
-    return f"{what} raised {_short(f'{type(exc).__name__}: {exc}')}."
-
-
-def _short(text: str, limit: int = 200) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return short(f"{type(result.error).__name__}: {result.error}")
 
 
 # --------------------------------------------------------------------------- the command
@@ -662,7 +539,9 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "target", metavar="MODULE:FACTORY", help="e.g. mypackage.envs:make_env or envs.py:make_env"
+        "target",
+        metavar="MODULE:FACTORY",
+        help="e.g. mypackage.envs:make_env, envs.py:make_env, or a registry id: CartPole-v1",
     )
     parser.add_argument(
         "--num-envs",
@@ -744,23 +623,27 @@ def run(args: argparse.Namespace) -> int:
         )
         return USAGE_ERROR
     try:
-        factory = load_factory(args.target, args.env_kwargs)
-        kind = probe(factory)
+        factory = probe(load_factory(args.target, args.env_kwargs))
     except FactoryError as exc:
-        _print_factory_error(exc, args.target, show_traceback=args.traceback)
+        print_error(exc, args.target, show_traceback=args.traceback)
         return USAGE_ERROR
     configs, skipped = plan(
-        kind, args.backends, args.num_envs, args.workers, partial=not args.no_collector
+        factory.kind,
+        args.backends,
+        args.num_envs,
+        args.workers,
+        partial=not args.no_collector,
+        entry_point=factory.entry_point is not None,
     )
     print(
-        f"Measuring {args.target} ({kind} envs): {len(configs)} configurations x "
+        f"Measuring {args.target} ({factory.kind} envs): {len(configs)} configurations x "
         f"{args.repeats} interleaved repeats, about {args.seconds:g} s of steps each.",
         file=sys.stderr,
     )
     results = _measure_all(
         factory, configs, args.seconds, args.repeats, show_traceback=args.traceback
     )
-    print(render(results, skipped, factory, kind))
+    print(render(results, skipped, factory))
     if args.plot is not None and any(r.times for r in results):
         plot(results, args.plot, f"aiovec bench {args.target}")
         print(f"\nPlot written to {args.plot}")
@@ -804,13 +687,3 @@ def _measure_all(
     finally:
         progress.close()
     return merged()
-
-
-def _print_factory_error(exc: FactoryError, target: str, *, show_traceback: bool) -> None:
-    if show_traceback and exc.__cause__ is not None:
-        traceback.print_exception(exc.__cause__, file=sys.stderr)
-        print(file=sys.stderr)
-    more = ""
-    if exc.__cause__ is not None and not show_traceback:
-        more = " Run again with --traceback to see where."
-    print(f"aiovec bench: cannot use the env factory {target}: {exc}{more}", file=sys.stderr)

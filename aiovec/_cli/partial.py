@@ -9,14 +9,13 @@ actions, as the lock-step measurement does.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 import aiovec
 from aiovec._cli.memory import PeakMemory
-from aiovec._cli.report import StepTimes
+from aiovec._cli.report import StepTimes, timed
 from aiovec._core.segments import tree_map
 
 __all__ = ("SEGMENT", "collector_shape", "measure_collector")
@@ -46,20 +45,10 @@ async def measure_collector(
         calls[0] += 1
         return tree_map(lambda a: a[: len(env_ids)], actions[calls[0] % len(actions)])
 
-    times: list[float] = []
     collector = aiovec.Collector(venv, policy, segment_length=length, batch_size=size, seed=0)
     async with collector:
         batches = aiter(collector)
         await anext(batches)  # warm-up
-        memory.sample()
-        deadline = time.perf_counter() + seconds
-        cpu = time.thread_time()
-        while len(times) < min_batches or time.perf_counter() < deadline:
-            start = time.perf_counter()
-            await anext(batches)
-            times.append(time.perf_counter() - start)
-            memory.maybe_sample()
-        cpu = time.thread_time() - cpu
+        times = await timed(lambda k: anext(batches), length * size, seconds, memory, min_batches)
         await batches.aclose()  # type: ignore[attr-defined]
-    memory.sample()
-    return StepTimes(length * size, tuple(times), cpu)
+    return times

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
-__all__ = ("LARGE_N", "Progress", "StepTimes", "format_table", "large_n_advice")
+from aiovec._cli.memory import PeakMemory
+
+__all__ = ("LARGE_N", "Progress", "StepTimes", "format_table", "large_n_advice", "short", "timed")
 
 LARGE_N = 1_000
 """From this many envs on, the commands point to the garbage collector's advice.
@@ -79,6 +81,38 @@ class StepTimes:
     def percentile_ms(self, q: float) -> float:
         """The ``q``-th percentile of the step times, in milliseconds."""
         return float(np.percentile(self.seconds, q)) * 1e3
+
+
+async def timed(
+    step: Callable[[int], Awaitable[Any]],
+    num_envs: int,
+    seconds: float,
+    memory: PeakMemory,
+    min_steps: int,
+) -> StepTimes:
+    """Time ``await step(k)`` (the k-th timed step) for ``seconds``, at least ``min_steps`` times.
+
+    Resident memory is sampled before, as it goes and after; this thread's CPU
+    time over the steps is kept (an inline env's blocking shows in it).
+    """
+    memory.sample()
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    cpu = time.thread_time()
+    while len(times) < min_steps or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        await step(len(times))
+        times.append(time.perf_counter() - start)
+        memory.maybe_sample()
+    cpu = time.thread_time() - cpu
+    memory.sample()
+    return StepTimes(num_envs, tuple(times), cpu)
+
+
+def short(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

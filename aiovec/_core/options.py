@@ -22,5 +22,6 @@ VECTOR_OPTIONS = (
     "backend_options",
     "reset_options",
     "observation_mode",
+    "check_observations",
 )
 """The keyword-only parameters of the vector env's constructor, in order."""

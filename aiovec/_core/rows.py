@@ -115,6 +115,16 @@ class Rows(MutableMapping[int, Transition]):
                 found.append((k, info, final))
         return found
 
+    def block_rows(self) -> list[tuple[list[int], StepBlock]]:
+        """Each block with the envs whose transitions it still holds (a later one may not)."""
+        owners = self._owners()
+        found = []
+        for block in self._blocks:
+            envs = [i for i in block.envs if owners.get(i) is block]
+            if envs:
+                found.append((envs, block))
+        return found
+
     @property
     def singles(self) -> Mapping[int, Transition]:
         """The transitions that came one by one (not in a block)."""
@@ -155,13 +165,8 @@ class Rows(MutableMapping[int, Transition]):
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
         if isinstance(other, Rows):
-            owners = other._owners()
-            for block in other._blocks:
-                envs = [i for i in block.envs if owners.get(i) is block]
-                if envs:
-                    self.add_block(
-                        block if len(envs) == len(block.envs) else block._replace(envs=envs)
-                    )
+            for envs, block in other.block_rows():
+                self.add_block(block if len(envs) == len(block.envs) else block._replace(envs=envs))
             other = other._single
         if isinstance(other, Mapping):
             for i, transition in other.items():

@@ -36,6 +36,7 @@ __all__ = (
     "check_actions",
     "check_autoreset_mode",
     "check_backend_options",
+    "check_bool_or_none",
     "check_choice",
     "check_distinct_envs",
     "check_env_fns",
@@ -52,6 +53,7 @@ __all__ = (
     "describe",
     "is_reward",
     "observation_fits",
+    "reset_result_checker",
     "step_result_checker",
 )
 
@@ -134,6 +136,13 @@ def check_timeout(name: str, value: object) -> float | None:
     if not seconds > 0 or math.isinf(seconds) or math.isnan(seconds):
         raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
     return seconds
+
+
+def check_bool_or_none(name: str, value: object) -> bool | None:
+    """A ``True``/``False``/``None`` option."""
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None, got {describe(value)}")
+    return value
 
 
 def check_backend_options(
@@ -638,13 +647,11 @@ class StepChecker:
             if stacked is not None or (self._box is None and self._all_fit(obs)):
                 self._clean = (transitions, tuple(transitions), columns, stacked)
                 return {}
-        bad: dict[int, Exception] = {}
-        for i, transition in transitions.items():
-            try:
-                _check_step_result(self._space, transition)
-            except (TypeError, ValueError) as exc:
-                bad[i] = exc
-        return bad
+        return _refused(transitions, _check_step_result, self._space)
+
+    def forget(self) -> None:
+        """Drop what the last check made (results of it were refused since)."""
+        self._clean = None
 
     def _stacked(self, obs: tuple[Any, ...]) -> np.ndarray | None:
         """A ``Box`` space's observations stacked, if each is an array of its shape and dtype."""
@@ -674,6 +681,57 @@ class StepChecker:
         if clean is None or clean[0] is not transitions or clean[1] != order:
             return None
         return clean[2], clean[3]
+
+
+def reset_result_checker(
+    observation_space: spaces.Space[Any],
+) -> Callable[[Mapping[int, Any]], dict[int, Exception]]:
+    """`step_result_checker` for reset results: ``(observation, info)`` pairs by env.
+
+    A pair is malformed when it is not a pair, its info is not a dict or its
+    observation does not batch into ``observation_space``.
+    """
+    all_fit = _all_fit(observation_space)
+
+    def check(results: Mapping[int, Any]) -> dict[int, Exception]:
+        if not results:
+            return {}
+        pairs = results.values()
+        if all(type(pair) is tuple and len(pair) == 2 for pair in pairs):
+            obs, infos = zip(*pairs, strict=True)
+            if DICT_TYPES.issuperset(map(type, infos)) and all_fit(obs):
+                return {}
+        return _refused(results, _check_reset_result, observation_space)
+
+    return check
+
+
+def _refused(
+    results: Mapping[int, Any],
+    check_one: Callable[[spaces.Space[Any], Any], None],
+    space: spaces.Space[Any],
+) -> dict[int, Exception]:
+    """``{env: error}`` of the results that ``check_one(space, result)`` refuses, env by env."""
+    bad: dict[int, Exception] = {}
+    for i, result in results.items():
+        try:
+            check_one(space, result)
+        except (TypeError, ValueError) as exc:
+            bad[i] = exc
+    return bad
+
+
+def _check_reset_result(space: spaces.Space[Any], pair: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` saying what is wrong with one env's reset result."""
+    try:
+        obs, info = pair
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"the reset result must be a pair (observation, info), got {describe(pair)}"
+        ) from None
+    if not isinstance(info, dict):
+        raise TypeError(f"the reset result's info must be a dict, got {describe(info)}")
+    _check_observation(space, obs, "the reset result's observation")
 
 
 def observation_fits(space: spaces.Space[Any]) -> Callable[[Any], bool]:
@@ -731,7 +789,7 @@ def _check_step_result(space: spaces.Space[Any], transition: Any) -> None:
             raise TypeError(f"the step result's {name} must be a bool, got {describe(flag)}")
     if not isinstance(info, dict):
         raise TypeError(f"the step result's info must be a dict, got {describe(info)}")
-    _check_observation(space, obs, "observation")
+    _check_observation(space, obs, "the step result's observation")
 
 
 def is_reward(value: Any) -> bool:
@@ -752,18 +810,14 @@ def _check_observation(space: spaces.Space[Any], obs: Any, path: str) -> None:
     if isinstance(space, spaces.Dict):
         if not isinstance(obs, Mapping) or set(obs) != set(space.spaces):
             raise TypeError(
-                f"the step result's {path} must be a dict with keys {sorted(space.spaces)}, "
-                f"got {describe(obs)}"
+                f"{path} must be a dict with keys {sorted(space.spaces)}, got {describe(obs)}"
             )
         for key, sub in space.spaces.items():
             _check_observation(sub, obs[key], f"{path}[{key!r}]")
         return
     if isinstance(space, spaces.Tuple):
         if not isinstance(obs, tuple | list) or len(obs) != len(space.spaces):
-            raise TypeError(
-                f"the step result's {path} must be a tuple of {len(space.spaces)}, "
-                f"got {describe(obs)}"
-            )
+            raise TypeError(f"{path} must be a tuple of {len(space.spaces)}, got {describe(obs)}")
         for k, (sub, part) in enumerate(zip(space.spaces, obs, strict=True)):
             _check_observation(sub, part, f"{path}[{k}]")
         return
@@ -772,15 +826,13 @@ def _check_observation(space: spaces.Space[Any], obs: Any, path: str) -> None:
     try:
         array = np.asarray(obs)
     except ValueError as exc:  # ragged nesting
-        raise ValueError(f"the step result's {path} is not an array: {exc}") from None
+        raise ValueError(f"{path} is not an array: {exc}") from None
     shape = space.shape or ()
     if array.shape != shape:
-        raise ValueError(
-            f"the step result's {path} must have shape {shape} ({space}), got shape {array.shape}"
-        )
+        raise ValueError(f"{path} must have shape {shape} ({space}), got shape {array.shape}")
     assert space.dtype is not None
     if not np.can_cast(array.dtype, space.dtype, "same_kind"):
         raise TypeError(
-            f"the step result's {path} must have a dtype that casts to {space.dtype} ({space}), "
+            f"{path} must have a dtype that casts to {space.dtype} ({space}), "
             f"got dtype {array.dtype}"
         )

@@ -18,11 +18,10 @@ Two things keep this indistinguishable from a real task per call:
 
 A lane carries a coroutine on one slice at a time (``coro.send``/``throw``
 between two suspensions) and times each slice with two clock reads: a slice
-longer than the loop's ``slow_callback_duration`` is reported through
-``on_slow(i, start, stop)`` (an env that may block the loop; see ``aiovec._log``).
-Once ``measure_cpu`` is set, the first resumption of each loop iteration also
-reads the thread's CPU clock into ``mark``, the reference that tells whether a
-slow slice ran on the CPU (`aiovec._log.cpu_within`).
+longer than the loop's ``slow_callback_duration`` is reported to the vector
+env's `aiovec._log.LoopHogs` (an env that may hold the loop), and the first
+resumption of each loop iteration keeps its reference counters recent
+(`LoopHogs.refresh`), so that a slow slice can be judged.
 
 A lane is cancelled to cancel its env's call; cancellation ends the lane, and a
 new one is made for the env's next call.  Python 3.12 made eager tasks a
@@ -42,7 +41,7 @@ import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, cast
 
-from aiovec._log import CpuMark, slow_slice_limit
+from aiovec._log import MARK_EVERY, LoopHogs, slow_slice_limit
 
 _Swap = Callable[[asyncio.AbstractEventLoop, "asyncio.Task[Any]"], None]
 # The same hooks asyncio's own eager tasks use; absent on other interpreters.
@@ -56,7 +55,6 @@ PENDING: Any = object()
 """Returned by `Lanes.start` for a coroutine that suspended."""
 
 OnDone = Callable[[int, Any, BaseException | None], None]
-OnSlow = Callable[[int, float, float], None]
 Then = Callable[[int, Any], Any]
 """``then(i, value)``: the next coroutine (``async def``) of env ``i``'s call, or its value."""
 
@@ -65,15 +63,13 @@ class Lanes:
     """One lane per env; results are reported through ``on_done``."""
 
     def __init__(
-        self, num_envs: int, on_done: OnDone, on_slow: OnSlow, lag: list[float] | None = None
+        self, num_envs: int, on_done: OnDone, hogs: LoopHogs, lag: list[float] | None = None
     ) -> None:
-        """``lag[i]`` is added the time each resumption of env ``i`` waited for its turn."""
+        """Slow slices go to ``hogs``; ``lag[i]`` is added each wait of env ``i`` for its turn."""
         self._on_done = on_done
-        self._on_slow = on_slow
+        self._hogs = hogs
         self._lag = [0.0] * num_envs if lag is None else lag
         self._turn: float | None = None  # when this loop iteration's first resumption came
-        self.measure_cpu = False  # read the thread's CPU clock into `mark` once per iteration
-        self.mark: CpuMark | None = None  # (perf_counter, thread_time), read together
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None] | None] = [None] * num_envs
         self._wakes: list[asyncio.Future[Any] | None] = [None] * num_envs
@@ -210,7 +206,9 @@ class Lanes:
         runs, after every resumption that was ready with it.
         """
         self._turn = now
-        self.mark = (now, time.thread_time()) if self.measure_cpu else None
+        hogs = self._hogs
+        if now - hogs.mark.at > MARK_EVERY:  # `LoopHogs.refresh`, inline: once per iteration
+            hogs.mark = hogs.read()
         assert self._loop is not None
         self._loop.call_soon(self._end_turn)
 
@@ -227,7 +225,7 @@ class Lanes:
         """
         loop = self._loop
         assert loop is not None
-        on_done, on_slow, clock = self._on_done, self._on_slow, time.perf_counter
+        on_done, on_slow, clock = self._on_done, self._hogs.slow, time.perf_counter
         coros, firsts, thens, lag = self._coros, self._firsts, self._thens, self._lag
         while True:
             wake = self._wakes[i]

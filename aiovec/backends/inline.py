@@ -5,15 +5,16 @@ lanes (see ``_lanes``), so a batch of envs that never suspend costs no task at
 all, and envs that wait overlap their waits.
 
 An env that holds the loop (one stretch of a call, without awaiting, longer
-than the loop's ``slow_callback_duration``, on the CPU) is named in a warning,
-once per kind of call (``aiovec._log.LoopHogs``).  Timing is one clock read per
-env and call, except on the hot path of synchronous steps: there the whole
-batch is timed (two reads), and each env only once a batch has taken longer
-than the limit.  The thread's CPU clock (a system call) is read once per batch
-and per slow stretch, and for steps only once a stretch was over the limit:
-the first such stretch of steps is not judged, it turns the CPU clock on.
-Steps are timed env by env for `TIMED_BATCHES` batches after one held the
-loop, then as a whole again.
+than the loop's ``slow_callback_duration``, on the CPU or blocked in a
+synchronous call) is named in a warning, once per kind of call
+(``aiovec._log.LoopHogs``, which tells it from a stretch the OS took).  Timing
+is one clock read per env and call, except on the hot path of synchronous
+steps: there the whole batch is timed (two reads), and each env only once a
+batch has taken longer than the limit.  The thread's counters (a system call)
+are read when a stretch was over the limit, and as the reference for the
+next one at the start of a batch when the last reading is over
+``aiovec._log.MARK_EVERY`` old.  Steps are timed env by env for
+`TIMED_BATCHES` batches after one held the loop, then as a whole again.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from aiovec._core.ops import Op, StepOp
 from aiovec._env import is_async_env
 from aiovec._log import (
     GC_PAUSES,
+    MARK_EVERY,
     MIN_SLOW_SLICE,
     LoopHogs,
-    cpu_mark,
-    cpu_within,
     held_by_env,
     slow_slice_limit,
 )
@@ -91,12 +91,10 @@ class InlineBackend(Backend):
         self._any_async = any(self._is_async)
         self._flows: list[StepFlow | None] = [None] * self.num_envs
         self._actions: list[Any] = [None] * self.num_envs  # of each async env's step in flight
-        self._lanes = Lanes(self.num_envs, self._finish, self._slow, self.lag)
+        self._hogs = LoopHogs()  # stretches that held the loop, said once per kind of call
+        self._lanes = Lanes(self.num_envs, self._finish, self._hogs, self.lag)
         GC_PAUSES.install()  # a collection inside an env's stretch is not the env's doing
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the lanes
-        self._operation = ""  # the name of the op launched last, for a warning
-        self._hogs = LoopHogs()  # stretches that held the loop, said once per kind of call
-        self._slow_seen = False  # some env held the loop in the batch under way
         self._time_each_step = 0  # batches of sync steps still to time env by env
         self.traits = EnvTraits.of(self._envs)
         _OPEN.add(self)
@@ -120,7 +118,7 @@ class InlineBackend(Backend):
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Run ``op``: sync envs to completion now, async envs eagerly until they wait."""
         envs, flows, results = self._envs, self._flows, self._results
-        self._operation = op.name
+        self._hogs.call = op.name
         if not isinstance(op, StepOp):
             self._run_each(
                 (
@@ -132,12 +130,11 @@ class InlineBackend(Backend):
         elif self._any_async and self.limiter is None:
             self._step_each(indices, op)
         elif self._any_async or self._time_each_step:  # a token per call, or timed env by env
-            self._slow_seen = False
-            self._run_each(
+            slow = self._run_each(
                 (i, step_sync, step_async, (envs[i], flows[i] or flow_at(flows, i, op.mode), rf, a))
                 for i, rf, a in zip(indices, op.reset_first, op.actions, strict=True)
             )
-            if self._slow_seen:
+            if slow:
                 self._time_each_step = TIMED_BATCHES
             elif self._time_each_step:
                 self._time_each_step -= 1  # back to the hot path once it reaches 0
@@ -156,24 +153,31 @@ class InlineBackend(Backend):
             now = time.perf_counter()
             if now - since > MIN_SLOW_SLICE and held_by_env(since, now) > slow_slice_limit():
                 self._time_each_step = TIMED_BATCHES  # some env may hold the loop: find which
-                self._lanes.measure_cpu = True  # and whether it ran on the CPU
         if self._hogs.noted and not self.pending:
             self._hogs.say()
 
     def _run_each(
         self, jobs: Iterable[tuple[int, Any, Any, tuple[Any, ...]]], *, measure: bool = False
-    ) -> None:
+    ) -> bool:
         """Run each ``(i, sync_fn, async_fn, args)``: sync envs now, async ones eagerly.
 
         Each env's stretch on the loop is timed (one clock read per env); the
-        thread's CPU clock is read first if ``measure`` or once turned on (`_slow`).
+        thread's counters are read first if ``measure``, else only if the last
+        reading is old (`LoopHogs.refresh`).
+
+        Returns:
+            Whether some env's stretch held the loop over the limit.
         """
-        is_async, lanes, results = self._is_async, self._lanes, self._results
+        is_async, lanes, results, hogs = self._is_async, self._lanes, self._results, self._hogs
         clock, limit = time.perf_counter, slow_slice_limit()
-        lanes.mark = cpu_mark() if measure or lanes.measure_cpu else None
         since = last = clock()
+        if measure:
+            hogs.mark = hogs.read()
+        else:
+            hogs.refresh(since)
         loop: asyncio.AbstractEventLoop | None = None
         caller = None
+        slow = False
         try:
             for i, sync_fn, async_fn, args in jobs:
                 try:
@@ -196,28 +200,13 @@ class InlineBackend(Backend):
                 finally:
                     now = clock()
                     if now - last > limit:
-                        self._slow(i, last, now)
+                        hogs.slow(i, last, now)
+                        slow = True
                     last = now
         finally:
             if loop is not None:
                 lanes.leave(caller)
-
-    def _slow(self, i: int, start: float, stop: float) -> None:
-        """Env ``i`` held the loop from ``start`` to ``stop``: note it (`LoopHogs.note`).
-
-        Judged with the thread's CPU time since the lanes' mark (`cpu_within`,
-        read at the start of this batch or loop iteration); without a mark, the
-        CPU clock is turned on for the envs' steps and the stretch is not judged.
-        """
-        self._slow_seen = True
-        lanes = self._lanes
-        mark = lanes.mark
-        if mark is None:
-            lanes.measure_cpu = True  # read from the next batch on
-            return
-        now = (stop, time.thread_time())
-        lanes.mark = now
-        self._hogs.note(i, self._operation, start, stop, cpu_within(mark, start, now))
+        return slow
 
     def _queuer(self, i: int) -> Callable[[bool], None]:
         """Env ``i``'s hook for `limited`: it waits for a concurrency slot, or no longer."""
@@ -234,10 +223,11 @@ class InlineBackend(Backend):
         nothing per env beyond the env's coroutine.
         """
         envs, flows, is_async, results = self._envs, self._flows, self._is_async, self._results
-        lanes, actions, advance = self._lanes, self._actions, self._advance
+        lanes, actions, advance, hogs = self._lanes, self._actions, self._advance, self._hogs
         clock, limit = time.perf_counter, slow_slice_limit()
-        lanes.mark = cpu_mark() if lanes.measure_cpu else None
         since = last = clock()
+        if since - hogs.mark.at > MARK_EVERY:  # `LoopHogs.refresh`, inline: once per step
+            hogs.mark = hogs.read()
         loop = self._loop = asyncio.get_running_loop()
         caller = lanes.enter(loop)
         try:
@@ -267,7 +257,7 @@ class InlineBackend(Backend):
                 finally:  # each env's stretch on the loop is timed (one clock read per env)
                     now = clock()
                     if now - last > limit:
-                        self._slow(i, last, now)
+                        hogs.slow(i, last, now)
                     last = now
         finally:
             lanes.leave(caller)
