@@ -102,9 +102,11 @@ class Pool(Backend):
         self._ops: dict[int, tuple[Op, int]] = {}  # env waiting for a slot -> (its op, position)
         self.transport: Transport = type(self).TRANSPORT(self, dict(options or {}))
         count = num_workers or self.transport.default_workers
-        self.groups = split(self.num_envs, min(count, self.num_envs))
+        self.groups = groups = split(self.num_envs, min(count, self.num_envs))
         self.all = range(self.num_envs)
         self.table = WorkTable(self.groups, self.transport.INTERRUPTS, self._on_unblocked)
+        self._every: list[Part] = [(w, g, range(g.start, g.stop)) for w, g in enumerate(groups)]
+        """Every whole group, as the parts of a call on every env."""
         self.owner = self.table.owner
         self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
         try:
@@ -157,8 +159,7 @@ class Pool(Backend):
         self.pending.update(indices)
         table = self.table
         if indices == self.all and not table.lost and not table.blocked:  # every whole group
-            parts: list[Part] = [(w, g, range(g.start, g.stop)) for w, g in enumerate(self.groups)]
-            self.transport.send(parts, op, since, True)
+            self.transport.send(self._every, op, since, True)
             return
         for i in indices:
             self._started[i] = since

@@ -49,7 +49,7 @@ __all__ = ("FLUSH_AFTER", "Body", "Job", "Jobs", "Sink")
 
 T = TypeVar("T")
 Body = Ready | Failed | StepReply | CallReply | RebuildReply | AttachReply
-"""What a worker says in reply to a request (`_messages.Reply`'s body)."""
+"""What a worker says in reply to a request (`messages.Reply`'s body)."""
 
 FLUSH_AFTER = 0.001
 """Seconds a finished env's result may wait to share a message with others.

@@ -58,10 +58,10 @@ from aiovec.backends.pool.messages import (
     StepRequest,
     Stop,
 )
-from aiovec.backends.process_new.table import CompletionTable
-from aiovec.backends.process_new.wire import WHOLE, Frames, SharedFile, WholeStep, frame
+from aiovec.backends.process.table import CompletionTable
+from aiovec.backends.process.wire import WHOLE, Frames, SharedFile, WholeStep, frame
 
-__all__ = ("RING", "Boot", "Loop", "TableSink", "main", "new_loop", "serve")
+__all__ = ("RING", "Boot", "Loop", "TableSink", "main", "new_loop", "register", "serve")
 
 RING = (1).to_bytes(8, sys.byteorder)
 """What a worker writes to the doorbell: an eventfd adds it to its count; a pipe is readable."""
@@ -78,6 +78,7 @@ class Boot:
         "num_workers",
         "parent_ends",
         "rows",
+        "specs",
         "table",
         "w",
     )
@@ -95,6 +96,8 @@ class Boot:
     ) -> None:
         self.table, self.bell, self.rows, self.factories = table, bell, rows, factories
         self.first, self.w, self.num_envs, self.num_workers = first, w, num_envs, num_workers
+        self.specs: list[bytes] = []
+        """The parent's gymnasium ids beyond gymnasium's own (`link.foreign_specs`)."""
         self.parent_ends: tuple[int, ...] = ()
         """Under ``fork``, the parent's ends of this worker's pipes, inherited: closed first,
         so that the request pipe ends when the parent is gone."""
@@ -119,6 +122,7 @@ def main(requests: Connection, replies: Connection, boot: Boot) -> None:
     sink = TableSink(replies.fileno(), table, boot.w, boot.first, boot.bell.fd)
     loop = Loop()
     try:
+        register(boot.specs)
         built = run(build_flow(cloudpickle.loads(boot.factories), boot.first), loop)
         if isinstance(built, Failed):
             sink.reply(0, built)
@@ -136,6 +140,20 @@ def main(requests: Connection, replies: Connection, boot: Boot) -> None:
             jobs.close()
     finally:
         loop.close()
+
+
+def register(specs: list[bytes]) -> None:
+    """Add the parent's gymnasium ids this process lacks (see ``link.py``)."""
+    if not specs:
+        return
+    from gymnasium.envs.registration import registry  # noqa: PLC0415
+
+    for data in specs:
+        try:
+            spec = cloudpickle.loads(data)
+        except Exception:
+            continue
+        registry.setdefault(spec.id, spec)
 
 
 def serve(worker: Worker, requests: int, loop: Loop) -> None:

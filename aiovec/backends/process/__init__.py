@@ -30,7 +30,7 @@ import sys
 from typing import ClassVar
 
 from aiovec.backends.pool.pool import Pool
-from aiovec.backends.process_new.transport import ProcessTransport
+from aiovec.backends.process.transport import ProcessTransport
 
 __all__ = ("START_METHOD", "ProcessBackend")
 

@@ -13,14 +13,25 @@ reader faster than a socket, and the reader gets a whole small message in one
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
+from collections.abc import Callable
 from multiprocessing import reduction
 from typing import Any, NamedTuple
 
 from gymnasium.vector import AutoresetMode
 
-__all__ = ("READ_SIZE", "WHOLE", "Frames", "SharedFile", "WholeStep", "frame", "write_all")
+__all__ = (
+    "READ_SIZE",
+    "WHOLE",
+    "Frames",
+    "SharedFile",
+    "WholeStep",
+    "frame",
+    "whole_frames",
+    "write_all",
+)
 
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
@@ -131,3 +142,12 @@ class WholeStep(NamedTuple):
         """The request of a framed payload (its length header cut off)."""
         _, seq, mode, flags = _WHOLE_STEP.unpack(payload)
         return cls(seq, MODES[mode], bool(flags & _STREAM), bool(flags & _TIMED))
+
+
+def whole_frames(mode: str, timed: bool) -> tuple[Callable[..., bytes], int, int]:
+    """``(pack, code, flags)``: ``pack(seq, code, flags)`` frames the `WholeStep` ``seq``.
+
+    Made once per mode; a step's hot path maps ``pack`` over its numbers (in C).
+    """
+    pack = functools.partial(_WHOLE_STEP_FRAMED.pack, _WHOLE_STEP.size, WHOLE)
+    return pack, _MODE_CODES[mode], _TIMED if timed else 0

@@ -58,6 +58,7 @@ import pickle
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import cloudpickle
@@ -68,7 +69,7 @@ from aiovec._core.layout import StepLayout
 from aiovec._core.ops import Op, StepOp
 from aiovec._core.rows import StepBlock
 from aiovec._errors import WorkerDiedError
-from aiovec.backends._base import EnvTraits
+from aiovec.backends._base import Backend, EnvTraits
 from aiovec.backends.pool.messages import (
     Attach,
     AttachReply,
@@ -83,13 +84,13 @@ from aiovec.backends.pool.messages import (
 )
 from aiovec.backends.pool.table import Request
 from aiovec.backends.pool.transport import Part, close_op
-from aiovec.backends.process_new import child
-from aiovec.backends.process_new import link as links
-from aiovec.backends.process_new.link import Link, framed
-from aiovec.backends.process_new.shared import Doorbell, StepRows, close_map, mapped, nameless
-from aiovec.backends.process_new.table import CompletionTable
-from aiovec.backends.process_new.watch import Watch, loop_parked
-from aiovec.backends.process_new.wire import SharedFile, WholeStep
+from aiovec.backends.process import child
+from aiovec.backends.process import link as links
+from aiovec.backends.process.link import Link, framed
+from aiovec.backends.process.shared import Doorbell, StepRows, close_map, mapped, nameless
+from aiovec.backends.process.table import FENCE, NEVER, CompletionTable
+from aiovec.backends.process.watch import Watch
+from aiovec.backends.process.wire import SharedFile, whole_frames
 
 if TYPE_CHECKING:
     from aiovec.backends.pool.pool import Pool
@@ -111,7 +112,7 @@ class ProcessTransport:
     INTERRUPTS: ClassVar[bool] = True
 
     def __init__(self, pool: Pool, options: dict[str, Any]) -> None:
-        from aiovec.backends import process_new as package  # noqa: PLC0415  (its START_METHOD)
+        from aiovec.backends import process as package  # noqa: PLC0415  (its START_METHOD)
 
         self.pool = pool
         self._cpus_option = validate.check_cpus(options.get("cpus", "auto"))
@@ -127,6 +128,8 @@ class ProcessTransport:
         self._seen = 0  # completions published when the table was last looked at
         self._need: Callable[[], int] | None = None  # what the loop's waiter waits for
         self._said: dict[int, list[StepReply]] = {}  # messages of steps, by request number
+        self._frames: dict[Any, tuple[Callable[..., bytes], int, int]] = {}  # (mode, timed)
+        self._action_leaf: np.ndarray | None = None  # the rows' actions, if one array
         self._notes = np.zeros(0, np.int64)  # each worker's notes, as last read
         self._bell = Doorbell()
         self._rows = StepRows()
@@ -149,6 +152,7 @@ class ProcessTransport:
         self._owners = np.array(pool.owner, np.int64) + 1  # env -> its worker's number + 1
         self._starts = [group.start for group in groups]
         self._notes = np.zeros(len(groups), np.int64)  # each worker's notes, as last read
+        self._specs = links.foreign_specs()
         cpus = self._cpus_option
         if cpus == "auto":  # one worker per usable CPU: each on its own
             pin = len(groups) == len(self._usable) and hasattr(os, "sched_setaffinity")
@@ -178,6 +182,7 @@ class ProcessTransport:
             pool.num_envs,
             len(pool.groups),
         )
+        boot.specs = self._specs
         cpu = None if self._cpus is None else self._cpus[w % len(self._cpus)]
         return links.start(self._ctx, boot, group, cpu)
 
@@ -194,7 +199,9 @@ class ProcessTransport:
         )
         if layout is None:  # every result travels by message
             return
-        self._rows.size(layout)
+        arrays = self._rows.size(layout)
+        if isinstance(arrays.actions, np.ndarray):
+            self._action_leaf = arrays.actions
         for link in self.workers:
             self._seq += 1
             try:
@@ -224,12 +231,43 @@ class ProcessTransport:
     # -- sending -----------------------------------------------------------------------
 
     def send(self, parts: list[Part], op: Op, since: float, whole: bool) -> None:
-        """One request per part; a whole step whose actions fit the rows is one `WholeStep` each."""
-        self._watch.attach()
+        """One request per part; a whole step whose actions fit the rows is one `WholeStep` each.
+
+        A whole step is the hot path: its actions and reset flags go into the rows
+        and its request numbers into the table with numpy, and every frame is
+        made (in C) before any is written, so that the workers start together (a
+        worker woken while the parent still works shares its core).
+        """
+        if asyncio.get_running_loop() is not self._watch.loop:
+            self._watch.attach()
         if self._whole is not None:
             self._settle_whole()
-        if whole and type(op) is StepOp and not op.stream and self._rows.put_step(op):
-            self._send_whole(op, since)
+        if whole and type(op) is StepOp and not op.stream and self._put_whole(op):
+            table = self.completions
+            assert table is not None
+            seq0 = self._seq
+            workers = self.workers
+            self._seq += len(workers)
+            np.add(self._owners, seq0, out=table.req)
+            frames = self._frames.get((op.mode, op.timed))
+            if frames is None:
+                frames = self._frames[op.mode, op.timed] = whole_frames(op.mode.value, op.timed)
+            pack, code, flags = frames
+            out = list(
+                map(pack, range(seq0 + 1, seq0 + 1 + len(workers)), repeat(code), repeat(flags))
+            )
+            self._seen = int(table.ready.sum())  # before any worker can publish this step
+            sent = self._whole = [seq0, since, op, 0]
+            for link, data in zip(workers, out, strict=True):
+                try:  # (`_post`, inline: 15 bytes go whole into a pipe with room)
+                    if link.outbox:
+                        raise BlockingIOError
+                    os.write(link.request_fd, data)
+                except BlockingIOError:
+                    self._post(link, data)
+                except OSError:  # a dead worker: its sentinel tells whichever waits next
+                    pass
+                sent[3] += 1  # in flight once written
             return
         in_rows = (
             type(op) is StepOp
@@ -242,25 +280,21 @@ class ProcessTransport:
             part = op if in_rows else op.subset(positions)
             self._send(self.workers[w], envs, part, since, in_rows)
 
-    def _send_whole(self, op: StepOp, since: float) -> None:
-        """A whole step: each env's request number in the table, a `WholeStep` to each worker.
-
-        Every frame is made before any is written, so that the workers start
-        together: a worker woken while the parent still works shares its core.
-        """
-        table = self.completions
-        assert table is not None
-        seq0 = self._seq
-        workers = self.workers
-        self._seq += len(workers)
-        np.add(self._owners, seq0, out=table.req)
-        mode, timed = op.mode.value, op.timed
-        frames = [WholeStep.frame(seq0 + 1 + w, mode, False, timed) for w in range(len(workers))]
-        self._seen = table.total()  # before any worker can publish this step
-        sent = self._whole = [seq0, since, op, 0]
-        for link, data in zip(workers, frames, strict=True):
-            self._post(link, data)
-            sent[3] += 1  # in flight once written
+    def _put_whole(self, op: StepOp) -> bool:
+        """Copy a whole step's actions and reset flags into the rows; whether they fit."""
+        batch, leaf = op.batch, self._action_leaf
+        if (
+            leaf is None
+            or type(batch) is not np.ndarray
+            or batch.dtype != leaf.dtype
+            or batch.shape != leaf.shape
+        ):
+            return self._rows.put_step(op)
+        leaf[...] = batch  # one array of actions: `StepRows.put_step`'s check, inline
+        arrays = self._rows.arrays
+        assert arrays is not None
+        arrays.resets[:] = op.reset_first
+        return True
 
     def _send(self, link: Link, envs: Sequence[int], op: Op, since: float, in_rows: bool) -> None:
         """Send ``op`` for ``envs`` (all hosted by ``link``), pickled or as a `WholeStep`.
@@ -467,11 +501,17 @@ class ProcessTransport:
     def receive(self, need: Callable[[], int], deadline: float | None) -> bool:
         """Take in what came; a parked caller also waits here (see `Transport.receive`).
 
-        Asked for nothing (a refresh: the pool acts on its table next), a whole
-        step's requests are written into the pool's table too.
+        A parked caller's whole step has a wait of its own (`_wait_whole`).  Asked
+        for nothing (a refresh: the pool acts on its table next), a whole step's
+        requests are written into the pool's table too.
         """
+        parked = not asyncio.get_running_loop().is_running()
+        whole = self._whole
+        wanted_all = self.pool._wanted >= self.pool.num_envs
+        if whole is not None and parked and wanted_all and self._wait_whole(whole, deadline):
+            return True
         self._look(settle=need() <= 0)
-        if not loop_parked():
+        if not parked:
             self._need = need
             self._rearm()
             return False
@@ -483,12 +523,46 @@ class ProcessTransport:
                     self._look()
                     continue
                 seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
-                self._watch.poll(seconds)
+                self._watch.wait(seconds)
                 self._look()
                 if seconds == 0.0:
                     break
         finally:
             table.disarm()
+        return True
+
+    def _wait_whole(self, whole: list[Any], deadline: float | None) -> bool:
+        """Sleep until every env of a whole step is counted; deliver it if it ended clean.
+
+        The doorbell alone is waited on (a death, the deadline or a request
+        waiting for room ends this wait: the general one goes on).  Returns
+        whether the step was delivered, as one block.
+        """
+        table, watch = self.completions, self._watch
+        assert table is not None
+        ready, wake = table.ready, table.wake
+        wake_at = self._seen + len(table.req)
+        wake[0] = wake_at
+        FENCE.release()  # (`fence`, inline: the hot path)
+        FENCE.acquire()
+        try:
+            while (total := int(ready.sum())) < wake_at:
+                seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not watch.wait(seconds) or seconds == 0.0:
+                    return False
+        finally:
+            wake[0] = NEVER
+        if whole is not self._whole or not (table.done == table.req).all():
+            return False  # late completions counted, news, or a death meanwhile
+        self._seen = total
+        self._whole = None
+        table.req.fill(0)
+        pool, arrays = self.pool, self._rows.arrays
+        assert arrays is not None  # (else the step was not whole)
+        # (a whole step has no max_concurrency slots to give back: `Backend`'s own)
+        Backend._finish_block(pool, StepBlock(pool.all, arrays, {}, {}), whole[1])
+        if pool.table.stuck:
+            self._unstick()
         return True
 
     def _expected(self, need: Callable[[], int]) -> int:

@@ -52,15 +52,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ("NEVER", "CompletionTable", "fence")
+__all__ = ("BLANK", "FENCE", "NEVER", "CompletionTable", "fence")
 
 _LINE = 64  # bytes: each worker's counters on a cache line of their own
 _STRIDE = _LINE // 8  # int64s per line
 NEVER = np.iinfo(np.int64).max
 """``wake_at`` when the parent does not sleep on the doorbell: no completion rings it."""
+BLANK = np.iinfo(np.int64).min
+"""``done`` of an env that never finished a request: neither a number nor its negation."""
 
-_FENCE = threading.Lock()
-_FENCE.acquire()
+FENCE = threading.Lock()
+"""The lock `fence` releases and takes again (held, never contended): its hot paths inline it."""
+FENCE.acquire()
 
 
 def fence() -> None:
@@ -71,8 +74,8 @@ def fence() -> None:
     instructions, which fence on x86 and order release-then-acquire on ARM.
     This lock is this process's own, never shared and never contended.
     """
-    _FENCE.release()
-    _FENCE.acquire()
+    FENCE.release()
+    FENCE.acquire()
 
 
 class CompletionTable:
@@ -104,9 +107,9 @@ class CompletionTable:
         return ((1 + 2 * num_workers) * _STRIDE + 2 * num_envs) * 8
 
     def blank(self) -> None:
-        """No env waits (``req`` 0) and none is done (``done`` -1: no request has that number)."""
+        """No env waits (``req`` 0) and none is done (``done`` `BLANK`)."""
         self.req[:] = 0
-        self.done[:] = -1
+        self.done[:] = BLANK
         self.ready[:] = 0
         self.notes[:] = 0
         self.wake[0] = NEVER
@@ -124,7 +127,8 @@ class CompletionTable:
         them: look again instead of sleeping).
         """
         self.wake[0] = seen + need
-        fence()
+        FENCE.release()  # (`fence`)
+        FENCE.acquire()
         return int(self.ready.sum()) >= seen + need
 
     def disarm(self) -> None:
@@ -150,10 +154,12 @@ class CompletionTable:
         has reached ``wake_at``, which it has not rung for yet.
         """
         self.done[rows] = marks
-        fence()  # (ARM) the marks before the count
+        FENCE.release()  # (`fence`, ARM): the marks before the count
+        FENCE.acquire()
         ready = self.ready
         ready[w] += count
-        fence()  # the count before the reads (the parent arms then reads; see the module)
+        FENCE.release()  # (`fence`): the count before the reads (the parent arms, then reads)
+        FENCE.acquire()
         total = int(ready.sum())
         wake = int(self.wake[0])
         if total < wake or wake == self.rung:

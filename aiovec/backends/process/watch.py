@@ -5,7 +5,7 @@ live worker's process sentinel (readable: it died), and the request pipe of a
 worker whose request waits for room.  The event loop watches it (one
 ``loop.add_reader`` for the doorbell, whatever the number of workers, and one
 per sentinel, which only a death wakes), and so does a blocking caller's
-parked wait (`Watch.poll`: one ``poll`` on the same entries).  A ring and a
+parked wait (`Watch.wait`: one ``poll`` on the same entries).  A ring and a
 death are handled by the same handlers whichever waits.
 
 Writing never reads: an outcome is only taken in by a wait (or a look).
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import select
 from collections.abc import Callable
 from typing import Any
 
-from aiovec.backends.process_new.link import Link
-from aiovec.backends.process_new.shared import Doorbell
+from aiovec.backends.process.link import Link
+from aiovec.backends.process.shared import Doorbell
 
 __all__ = ("Watch", "loop_parked")
 
@@ -126,13 +127,20 @@ class Watch:
 
     # -- a parked wait -----------------------------------------------------------------
 
-    def poll(self, seconds: float | None) -> None:
-        """Wait in ``poll`` (at most ``seconds``) for a ring, a death or room; handle deaths.
+    def wait(self, seconds: float | None) -> bool:
+        """Wait in ``poll`` (at most ``seconds``) for a ring, a death or room; handle them.
 
-        A ring is cleared here; the caller looks at the table afterwards.
+        A ring is cleared here (the caller looks at the table itself), a death is
+        handed over.  Returns whether the doorbell alone rang.
         """
-        poller, table = self._table()
+        poller, table = self._poller or self._table()
         events = poller.poll(None if seconds is None else math.ceil(seconds * 1000))
+        if len(events) == 1 and events[0][0] == self._bell.fd:
+            try:  # noqa: SIM105  (`Doorbell.clear`, inline: the hot path)
+                os.read(self._bell.fd, 4096)
+            except BlockingIOError:
+                pass
+            return True
         for fd, _ in events:
             what, link = table[fd]
             if what == "bell":
@@ -142,6 +150,7 @@ class Watch:
                     self._on_exit(link)
                 else:
                     self._flush(link)
+        return False
 
     def _table(self) -> tuple[Any, dict[int, tuple[str, Any]]]:
         """The ``poll`` object on every entry, kept while the entries stay the same."""
