@@ -1010,23 +1010,28 @@ def test_bad_cpus_are_refused_before_any_worker_starts(
     assert started == []
 
 
-def _interrupt_the_write_to(worker: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def _interrupt_the_write_to(
+    worker: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[int], list[int]]:
     """Raise KeyboardInterrupt once, instead of writing a request to worker ``worker``.
 
     A Ctrl-C that lands after one worker's request is written and before the
     next one's: the parent's state must say that only the first is in flight.
+    Returns the list the interruption is noted in, and the one to put the
+    descriptor of that worker's request pipe in (``os.write`` to it raises).
     """
     interrupted: list[int] = []
-    write = ProcessTransport._post
+    write = os.write
 
-    def post(self: ProcessTransport, target: Any, data: bytes) -> None:
-        if not interrupted and target is self.workers[worker]:
+    def post(fd: int, data: Any) -> int:
+        if not interrupted and fd == target[0]:
             interrupted.append(worker)
             raise KeyboardInterrupt
-        write(self, target, data)
+        return write(fd, data)
 
-    monkeypatch.setattr(ProcessTransport, "_post", post)
-    return interrupted
+    target: list[int] = []
+    monkeypatch.setattr(os, "write", post)
+    return interrupted, target
 
 
 @pytest.mark.parametrize("call", ["step", "send", "reset"])
@@ -1040,7 +1045,8 @@ def test_ctrl_c_between_two_workers_requests_leaves_the_unwritten_one_out(
         venv.reset(seed=0)
         backend = _backend_of(venv)
         pids = backend.pids
-        interrupted = _interrupt_the_write_to(1, monkeypatch)
+        interrupted, target = _interrupt_the_write_to(1, monkeypatch)
+        target.append(backend.workers[1].request_fd)  # the request pipe of worker 1
         run = {
             "step": lambda: venv.step(actions),  # the whole step
             "send": lambda: venv.send(actions),  # streamed, its actions in the shared rows

@@ -43,7 +43,7 @@ def new_table(num_envs: int = 6, num_workers: int = 2) -> CompletionTable:
 def worker_side(table: CompletionTable) -> CompletionTable:
     """The same table as a worker maps it (its own ``rung``, the same memory)."""
     twin = CompletionTable.__new__(CompletionTable)
-    for name in ("done", "notes", "num_envs", "ready", "req", "wake"):
+    for name in CompletionTable.__slots__:
         setattr(twin, name, getattr(table, name))
     twin.rung = -1
     return twin

@@ -107,6 +107,7 @@ class Pool(Backend):
         self.table = WorkTable(self.groups, self.transport.INTERRUPTS, self._on_unblocked)
         self._every: list[Part] = [(w, g, range(g.start, g.stop)) for w, g in enumerate(groups)]
         """Every whole group, as the parts of a call on every env."""
+        self._every_env = set(self.all)
         self.owner = self.table.owner
         self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
         try:
@@ -141,7 +142,8 @@ class Pool(Backend):
         return self.table.lost_envs()
 
     def refresh(self) -> None:
-        """Take in, without waiting, the outcomes that have come."""
+        """Take in, without waiting, the outcomes that have come (no collect waits now)."""
+        self._wanted = 0
         self.transport.receive(_nothing, None)
 
     # -- calls -------------------------------------------------------------------------
@@ -156,11 +158,15 @@ class Pool(Backend):
         if self._slots is not None:
             self._launch_limited(indices, op, since)
             return
-        self.pending.update(indices)
         table = self.table
         if indices == self.all and not table.lost and not table.blocked:  # every whole group
+            if self.pending:
+                self.pending.update(indices)
+            else:  # (a copy of a set of the same size: no hashing, the step's hot path)
+                self.pending = self._every_env.copy()
             self.transport.send(self._every, op, since, True)
             return
+        self.pending.update(indices)
         for i in indices:
             self._started[i] = since
         self.transport.send(self.parts(indices), op, since, False)
@@ -356,11 +362,12 @@ class Pool(Backend):
         if not waiting:
             return
         rows, arrays = self.transport.rows_of(request, waiting, reply)
+        infos, finals = reply.infos, reply.finals
         block = StepBlock(
             rows,
             arrays,
-            {first + j: info for j, info in reply.infos.items()},
-            {first + j: final for j, final in reply.finals.items()},
+            {first + j: info for j, info in infos.items()} if infos else {},
+            {first + j: final for j, final in finals.items()} if finals else {},
         )
         self._finish_block(block, request.since)
 

@@ -128,7 +128,7 @@ class ProcessTransport:
         self._seen = 0  # completions published when the table was last looked at
         self._need: Callable[[], int] | None = None  # what the loop's waiter waits for
         self._said: dict[int, list[StepReply]] = {}  # messages of steps, by request number
-        self._frames: dict[Any, tuple[Callable[..., bytes], int, int]] = {}  # (mode, timed)
+        self._frames: tuple[Any, ...] = (None, None)  # (mode, timed, pack, code, flags)
         self._action_leaf: np.ndarray | None = None  # the rows' actions, if one array
         self._notes = np.zeros(0, np.int64)  # each worker's notes, as last read
         self._bell = Doorbell()
@@ -249,14 +249,14 @@ class ProcessTransport:
             workers = self.workers
             self._seq += len(workers)
             np.add(self._owners, seq0, out=table.req)
-            frames = self._frames.get((op.mode, op.timed))
-            if frames is None:
-                frames = self._frames[op.mode, op.timed] = whole_frames(op.mode.value, op.timed)
-            pack, code, flags = frames
+            frames = self._frames
+            if frames[0] is not op.mode or frames[1] is not op.timed:
+                frames = self._frames = (op.mode, op.timed, *whole_frames(op.mode.value, op.timed))
+            _, _, pack, code, flags = frames
             out = list(
                 map(pack, range(seq0 + 1, seq0 + 1 + len(workers)), repeat(code), repeat(flags))
             )
-            self._seen = int(table.ready.sum())  # before any worker can publish this step
+            self._seen = sum(table.counts)  # before any worker can publish this step
             sent = self._whole = [seq0, since, op, 0]
             for link, data in zip(workers, out, strict=True):
                 try:  # (`_post`, inline: 15 bytes go whole into a pipe with room)
@@ -293,7 +293,8 @@ class ProcessTransport:
         leaf[...] = batch  # one array of actions: `StepRows.put_step`'s check, inline
         arrays = self._rows.arrays
         assert arrays is not None
-        arrays.resets[:] = op.reset_first
+        # Plain bools (an autoreset with options travels by message): as bytes, at C speed
+        arrays.resets[:] = np.frombuffer(bytes(op.reset_first), np.bool_)
         return True
 
     def _send(self, link: Link, envs: Sequence[int], op: Op, since: float, in_rows: bool) -> None:
@@ -540,23 +541,24 @@ class ProcessTransport:
         """
         table, watch = self.completions, self._watch
         assert table is not None
-        ready, wake = table.ready, table.wake
-        wake_at = self._seen + len(table.req)
-        wake[0] = wake_at
-        FENCE.release()  # (`fence`, inline: the hot path)
+        counts, words = table.counts, table.words
+        wake_at = self._seen + table.num_envs
+        words[0] = wake_at  # (`CompletionTable.arm`, inline: the hot path)
+        FENCE.release()  # (`fence`)
         FENCE.acquire()
         try:
-            while (total := int(ready.sum())) < wake_at:
+            while (total := sum(counts)) < wake_at:
                 seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not watch.wait(seconds) or seconds == 0.0:
                     return False
         finally:
-            wake[0] = NEVER
-        if whole is not self._whole or not (table.done == table.req).all():
+            words[0] = NEVER
+        done, req = table.done, table.req
+        if whole is not self._whole or done.tobytes() != req.tobytes():
             return False  # late completions counted, news, or a death meanwhile
         self._seen = total
         self._whole = None
-        table.req.fill(0)
+        req.fill(0)
         pool, arrays = self.pool, self._rows.arrays
         assert arrays is not None  # (else the step was not whole)
         # (a whole step has no max_concurrency slots to give back: `Backend`'s own)
