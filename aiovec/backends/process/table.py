@@ -26,10 +26,13 @@ twice, never zero times).  The parent arms the doorbell (`arm`) by writing
 it does not sleep.  Each side puts a full fence between its write and its
 read (`fence`), so at least one of them sees the other's write: either the
 parent sees the total and does not sleep, or the worker whose completion
-brought the total there sees ``wake_at`` and rings.
-No lock is shared across processes: a worker killed at any instant leaves at
-worst envs whose ``done`` was not written (they fail with their worker) or a
-doorbell not rung (the parent watches every worker's death as well).
+brought the total there sees ``wake_at`` and rings.  The same fences keep the
+order rows, marks, count as others see it (x86 keeps it anyway; ARM may not):
+a worker fences before its marks, and the parent after reading them, before
+it reads the rows they point to.  No lock is shared across processes: a worker
+killed at any instant leaves at worst envs whose ``done`` was not written (they
+fail with their worker) or a doorbell not rung (the parent watches every
+worker's death as well).
 
 The parent finds the envs that are done with one numpy comparison
 (`finished`): ``done == req`` (clean) and ``done == -req`` (a message to read).
@@ -139,9 +142,15 @@ class CompletionTable:
         self.words[0] = NEVER
 
     def finished(self, rows: Any = slice(None)) -> tuple[np.ndarray, np.ndarray]:
-        """Which envs of ``rows`` are done with their request: clean, and with a message."""
+        """Which envs of ``rows`` are done with their request: clean, and with a message.
+
+        Their rows may be read after this: the marks were read before them (`fence`).
+        """
         req, done = self.req[rows], self.done[rows]
-        return done == req, done == -req
+        clean, told = done == req, done == -req
+        FENCE.release()  # (`fence`, ARM): the marks before the rows
+        FENCE.acquire()
+        return clean, told
 
     def ended(self, i: int, seq: int) -> bool:
         """Whether env ``i``'s worker is done with request ``seq`` (or a later one) of it."""
@@ -156,6 +165,8 @@ class CompletionTable:
         before.  Returns whether this worker must ring the doorbell: the total
         has reached ``wake_at``, which it has not rung for yet.
         """
+        FENCE.release()  # (`fence`, ARM): the rows before the marks
+        FENCE.acquire()
         self.done[rows] = marks
         FENCE.release()  # (`fence`, ARM): the marks before the count
         FENCE.acquire()

@@ -293,8 +293,10 @@ class ProcessTransport:
         leaf[...] = batch  # one array of actions: `StepRows.put_step`'s check, inline
         arrays = self._rows.arrays
         assert arrays is not None
-        # Plain bools (an autoreset with options travels by message): as bytes, at C speed
-        arrays.resets[:] = np.frombuffer(bytes(op.reset_first), np.bool_)
+        try:  # plain bools (an autoreset with options travels by message): bytes, at C speed
+            arrays.resets[:] = np.frombuffer(bytes(op.reset_first), np.bool_)
+        except TypeError:  # numpy's bools
+            arrays.resets[:] = op.reset_first
         return True
 
     def _send(self, link: Link, envs: Sequence[int], op: Op, since: float, in_rows: bool) -> None:
@@ -556,6 +558,8 @@ class ProcessTransport:
         done, req = table.done, table.req
         if whole is not self._whole or done.tobytes() != req.tobytes():
             return False  # late completions counted, news, or a death meanwhile
+        FENCE.release()  # (`fence`, ARM): the marks before the rows
+        FENCE.acquire()
         self._seen = total
         self._whole = None
         req.fill(0)
