@@ -720,7 +720,14 @@ class ProcessTransport:
 
 
 def _in_order(parts: list[Part], count: int) -> list[int] | None:
-    """The envs of ``parts`` in the order of their op (``None``: some of its envs are not sent)."""
+    """The envs of ``parts`` in the order of their op.
+
+    ``None``: some of its envs are not sent (lost, or on a blocked worker).
+    """
+    if len(parts) == 1:  # (one worker's envs, in order: as they are)
+        _, envs, positions = parts[0]
+        if len(positions) == count and positions[-1] - positions[0] == count - 1:
+            return list(envs)
     rows = [-1] * count
     for _, envs, positions in parts:
         for i, k in zip(envs, positions, strict=True):
