@@ -724,10 +724,13 @@ def _in_order(parts: list[Part], count: int) -> list[int] | None:
 
     ``None``: some of its envs are not sent (lost, or on a blocked worker).
     """
-    if len(parts) == 1:  # (one worker's envs, in order: as they are)
-        _, envs, positions = parts[0]
-        if len(positions) == count and positions[-1] - positions[0] == count - 1:
-            return list(envs)
+    rows: list[int] = []
+    for _, envs, positions in parts:  # (parts in the op's order: as they are)
+        if positions[0] != len(rows) or positions[-1] != len(rows) + len(positions) - 1:
+            break
+        rows += envs
+    else:
+        return rows if len(rows) == count else None
     rows = [-1] * count
     for _, envs, positions in parts:
         for i, k in zip(envs, positions, strict=True):
