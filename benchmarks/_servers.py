@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiovec._core.layout import StepLayout
-from aiovec.backends import _grouped
-from aiovec.backends._host.child import Loop
-from aiovec.backends._host.envs import Envs, build_flow, run
-from aiovec.backends._host.worker import Worker
-from aiovec.backends._messages import StepRequest
+from aiovec.backends.pool.host.envs import Envs, build_flow, run
+from aiovec.backends.pool.host.worker import Worker
+from aiovec.backends.pool.messages import StepRequest
+from aiovec.backends.pool.transport import split
+from aiovec.backends.process.child import Loop
 
 __all__ = ("GroupServers",)
 
@@ -48,7 +48,7 @@ def _group_server(
     served.rows.use(layout, buffer, group.start)
     for j, env in enumerate(envs.envs):
         env.reset(seed=group.start + j)
-    pieces = _grouped.split(len(group), parts)
+    pieces = split(len(group), parts)
     seq = 0
     while data := os.read(requests, 1):
         seq += 1
@@ -59,13 +59,16 @@ def _group_server(
 
 
 class _Discard:
-    """A worker's sink that drops its replies (the byte echoed says the step is done)."""
+    """A worker's sink that drops what it publishes (the byte echoed says the step is done)."""
+
+    def stepped(self, seq: int, done: list[int], reply: Any) -> None:
+        """Drop the step's news."""
+
+    def called(self, seq: int, locals_: Any, reply: Any) -> None:
+        """Drop the call's outcomes."""
 
     def reply(self, seq: int, body: Any) -> None:
         """Drop the reply."""
-
-    def clean(self, seq: int) -> None:
-        """Drop the lean reply."""
 
 
 class GroupServers:
@@ -96,7 +99,7 @@ class GroupServers:
         self.procs: list[Any] = []
         context = multiprocessing.get_context("fork")
         try:
-            for group in _grouped.split(num_envs, workers):
+            for group in split(num_envs, workers):
                 req_r, req_w = os.pipe()
                 rep_r, rep_w = os.pipe()
                 self.requests.append(req_w)
@@ -112,7 +115,7 @@ class GroupServers:
                 self.procs.append(proc)
                 self.parts += [
                     slice(group.start + piece.start, group.start + piece.stop)
-                    for piece in _grouped.split(len(group), parts)
+                    for piece in split(len(group), parts)
                 ]
         except BaseException:
             self.close()

@@ -511,8 +511,8 @@ async def test_an_actor_cancels_a_call_whose_cancel_came_before_it(tmp_path):
     """
     import cloudpickle
 
-    from aiovec.backends._messages import StepRequest
-    from aiovec.backends._ray_actor import GroupActor
+    from aiovec.backends.pool.messages import StepRequest
+    from aiovec.backends.ray.actor import GroupActor
 
     gate = Gate(tmp_path)
     fns = [functools.partial(_gated, gate, True), functools.partial(_gated, gate, False)]

@@ -28,7 +28,7 @@ from faults.scenarios import Once
 import aiovec
 from aiovec._core.calls import RENDER
 from aiovec._core.ops import CallOp
-from aiovec.backends._host import child
+from aiovec.backends.process import child
 from aiovec.testing import AsyncHangingEnv, FaultyEnv, Gate, HangingEnv, KillingEnv, SpaceEnv
 
 N = 4  # on 2 workers: envs 0-1 and 2-3

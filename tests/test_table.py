@@ -1,7 +1,7 @@
-"""`WorkTable`, the state table of envs grouped on workers, driven event by event.
+"""`WorkTable`, the pool's state table, driven event by event.
 
 No loop, no transport, no process: each test builds a table of two workers of
-three envs each, makes requests, and feeds it the events a grouped backend sees
+three envs each, makes requests, and feeds it the events the pool sees
 (a reply, a cancel, a late reply, a death, a rebuild), checking after each what
 the table says: who waits on what, what is stuck, which worker is blocked, which
 envs are lost.  The backends' behaviour built on it is tested through the vector
@@ -19,8 +19,8 @@ from gymnasium.vector import AutoresetMode
 from aiovec._core.ops import CallOp, StepOp
 from aiovec._errors import LostWithWorkerError
 from aiovec.backends._base import EnvTraits
-from aiovec.backends._messages import Ready, RebuildReply, StepReply
-from aiovec.backends._table import WorkTable
+from aiovec.backends.pool.messages import Ready, RebuildReply, StepReply
+from aiovec.backends.pool.table import WorkTable
 
 GROUPS = [range(0, 3), range(3, 6)]
 

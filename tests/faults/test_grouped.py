@@ -1,6 +1,6 @@
 """Envs grouped on workers fail alike on ``backend="process"`` and ``backend="ray"``.
 
-Both backends share one layer (``aiovec/backends/_grouped.py``) for what a
+Both backends share one pool (``aiovec/backends/pool/``) for what a
 worker's death, a step timeout and an env that raises mean.  Each scenario runs
 on both, and what a user sees must be the same: the error's type, its message
 (once the worker's own name is taken out), the envs it names, the type of each

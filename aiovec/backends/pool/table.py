@@ -1,6 +1,6 @@
-"""Where every env of a grouped backend stands: the state table (no loop, no transport).
+"""Where every env of the pool stands: the state table (no loop, no transport).
 
-`GroupedBackend` (process and Ray alike) keeps one `WorkTable`: which worker
+The pool (`Pool`, process and Ray alike) keeps one `WorkTable`: which worker
 hosts each env, which request each env waits on (the one in-flight registry),
 which abandoned calls still run (*stuck*), which workers such a call blocks,
 and which envs are *lost* with their worker.  Nothing here sends, waits or
@@ -28,7 +28,7 @@ from typing import Any
 
 from aiovec._core.ops import Op, StepOp
 from aiovec._errors import LostWithWorkerError
-from aiovec.backends._messages import Ready, RebuildReply
+from aiovec.backends.pool.messages import Ready, RebuildReply
 
 __all__ = ("Request", "WorkTable")
 
@@ -42,7 +42,18 @@ class Request:
     finished envs are lost with it.
     """
 
-    __slots__ = ("done", "envs", "future", "held", "name", "partial", "seq", "since", "worker")
+    __slots__ = (
+        "done",
+        "envs",
+        "future",
+        "held",
+        "left",
+        "name",
+        "partial",
+        "seq",
+        "since",
+        "worker",
+    )
 
     def __init__(
         self,
@@ -56,14 +67,15 @@ class Request:
     ) -> None:
         self.worker, self.envs, self.since, self.future = worker, envs, since, future
         self.name = name
-        self.seq = seq  # its number, where the worker needs it (a Ray actor's cancel)
+        self.seq = seq  # its number, where the transport numbers requests
+        self.left = len(envs)  # envs the worker has not reported yet (where a transport counts)
         self.partial = False  # some of its envs were cancelled, or delivered apart
         self.held: list[Any] | None = None  # parts held back (None: delivered as they come)
         self.done: set[int] = set()  # the envs of the held parts
 
 
 class WorkTable:
-    """The state of every env and worker of a grouped backend.
+    """The state of every env and worker of the pool.
 
     Args:
         groups: ``groups[w]`` is the envs hosted by worker ``w``.
@@ -113,7 +125,7 @@ class WorkTable:
 
     def parts(
         self, indices: Sequence[int]
-    ) -> tuple[list[tuple[int, Sequence[int], list[int]]], dict[int, list[int]], list[int]]:
+    ) -> tuple[list[tuple[int, Sequence[int], Sequence[int]]], dict[int, list[int]], list[int]]:
         """Split a call on ``indices`` by worker: what to send, and who cannot be reached.
 
         Returns each worker's part ``(w, envs, positions in indices)`` (a whole
@@ -132,7 +144,7 @@ class WorkTable:
         else:
             for k, i in enumerate(indices):
                 by_worker.setdefault(owner[i], []).append(k)
-        sends: list[tuple[int, Sequence[int], list[int]]] = []
+        sends: list[tuple[int, Sequence[int], Sequence[int]]] = []
         unreachable: dict[int, list[int]] = {}
         gone: list[int] = []
         for w, given in by_worker.items():
@@ -155,7 +167,7 @@ class WorkTable:
         """A new request of ``op`` for ``envs`` on ``worker``; a whole step with a sync env holds.
 
         Its finished envs' results are held back until its last part
-        (`GroupedBackend.deliver_step`): a sync env may yet block their worker,
+        (`Pool.deliver_step`): a sync env may yet block their worker,
         which would then be replaced, with them.
         """
         request = Request(worker, envs, since, name=op.name, seq=seq)
@@ -241,15 +253,6 @@ class WorkTable:
                 del self.stuck[i]
                 self.unblock(self.owner[i])
         return waiting
-
-    def newest(self) -> Any:
-        """The worker of the newest numbered request, if it is a plain one still whole."""
-        requests = self.requests
-        if requests:
-            request = requests[next(reversed(requests))]
-            if request.future is None and not request.partial and request.worker.alive:
-                return request.worker
-        return None
 
     def unhold(self, request: Request, reply: Any) -> list[Any] | None:
         """The parts of ``request`` to deliver now that ``reply`` (a `StepReply`) came.

@@ -31,9 +31,9 @@ from typing import Any, Protocol, TypeVar
 
 from aiovec._core.calls import Transition
 from aiovec.backends._drive import perform_async, step_async
-from aiovec.backends._host.envs import Envs, GroupFlow
-from aiovec.backends._host.rows import RowWriter
-from aiovec.backends._messages import (
+from aiovec.backends.pool.host.envs import Envs, GroupFlow
+from aiovec.backends.pool.host.rows import RowWriter
+from aiovec.backends.pool.messages import (
     AttachReply,
     Call,
     CallReply,
@@ -49,7 +49,7 @@ __all__ = ("FLUSH_AFTER", "Body", "Job", "Jobs", "Sink")
 
 T = TypeVar("T")
 Body = Ready | Failed | StepReply | CallReply | RebuildReply | AttachReply
-"""What a worker says in reply to a request (`_messages.Reply`'s body)."""
+"""What a worker says in reply to a request (`messages.Reply`'s body)."""
 
 FLUSH_AFTER = 0.001
 """Seconds a finished env's result may wait to share a message with others.
@@ -63,13 +63,20 @@ is published at once, with what is left."""
 
 
 class Sink(Protocol):
-    """Where a worker's replies go: the only writer of its replies."""
+    """Where a worker's results and replies go: the only writer of them."""
+
+    def stepped(self, seq: int, done: list[int], reply: StepReply) -> None:
+        """Envs ``done`` (local) of step request ``seq`` are done, their results in the rows.
+
+        ``reply`` holds what the rows cannot (by local index); its ``envs`` is
+        ``None`` when these are the request's last envs.
+        """
+
+    def called(self, seq: int, locals_: Sequence[int], reply: CallReply) -> None:
+        """Call request ``seq`` on envs ``locals_`` is done: one outcome per env, in order."""
 
     def reply(self, seq: int, body: Body) -> None:
-        """Reply ``body`` to request ``seq``."""
-
-    def clean(self, seq: int) -> None:
-        """Request ``seq`` (a lean step) is done, every result of it in the rows."""
+        """Reply ``body`` to control request ``seq`` (a rebuild, an attach)."""
 
 
 class Job:
@@ -82,23 +89,21 @@ class Job:
     __slots__ = (
         "errors",
         "flushing",
-        "lean",
         "left",
+        "locals",
         "outcomes",
-        "published",
         "running",
         "seq",
         "step",
         "stepped",
     )
 
-    def __init__(self, seq: int, count: int, lean: bool, *, step: bool) -> None:
-        self.seq, self.left, self.lean, self.step = seq, count, lean, step
+    def __init__(self, seq: int, locals_: Sequence[int], *, step: bool) -> None:
+        self.seq, self.locals, self.left, self.step = seq, locals_, len(locals_), step
         self.stepped: dict[int, Transition] = {}
         self.errors: dict[int, BaseException] = {}
         self.outcomes: list[Outcome] = []
         self.flushing = False  # a flush is scheduled on the loop
-        self.published = False  # a part was published already
         self.running = False  # some of its envs' calls are tasks on the loop
 
 
@@ -130,11 +135,10 @@ class Jobs:
 
     # -- steps ----------------------------------------------------------------------
 
-    def step(self, request: StepRequest, *, lean: bool = False) -> GroupFlow[None]:
+    def step(self, request: StepRequest) -> GroupFlow[None]:
         """Run a step as a job: async envs as tasks, then sync envs, in turn.
 
-        ``lean``: the request was a `LeanStep`, and a reply that would say
-        nothing beyond the rows is the lean one.  The flow yields (an empty
+        The flow yields (an empty
         list: a pause) after each sync env's part where no alarm cuts a run of
         sync envs.
         """
@@ -145,7 +149,7 @@ class Jobs:
         reset_first = request.reset_first
         if reset_first is None:
             reset_first = self.rows.resets(locals_)
-        job = Job(request.seq, len(locals_), lean, step=True)
+        job = Job(request.seq, locals_, step=True)
         publish = request.stream or request.timed
         if not publish and not envs.any_async(locals_):  # stepped at once, answered once
             envs.step_sync(
@@ -223,7 +227,7 @@ class Jobs:
     def call(self, request: Call) -> None:
         """One call per env: sync envs' at once, async envs' as tasks; one reply."""
         envs, locals_, op = self.envs, request.locals, request.op
-        job = Job(request.seq, len(locals_), False, step=False)
+        job = Job(request.seq, locals_, step=False)
         job.outcomes = [(None, None)] * len(locals_)
         for k, j in enumerate(locals_):
             if envs.is_async[j]:
@@ -296,7 +300,7 @@ class Jobs:
             if job.step:
                 self._publish(job, last=True)
             else:
-                self.sink.reply(job.seq, CallReply(job.outcomes))
+                self.sink.called(job.seq, job.locals, CallReply(job.outcomes))
             changed = self._changed
             if changed is not None and not changed.done():
                 changed.set_result(None)
@@ -349,17 +353,12 @@ class Jobs:
         *,
         last: bool,
     ) -> None:
-        """Write ``stepped`` to the rows; reply with the rest (a part, unless ``last``)."""
+        """Write ``stepped`` to the rows; publish them with the rest (a part, unless ``last``)."""
         infos, finals, odd = self.rows.write(stepped)
-        if not last:
-            job.published = True
-            self.sink.reply(
-                job.seq, StepReply(errors, infos, finals, odd, envs=[*stepped, *errors])
-            )
-        elif job.lean and not job.published and not (errors or infos or finals or odd):
-            self.sink.clean(job.seq)
-        else:
-            self.sink.reply(job.seq, StepReply(errors, infos, finals, odd))
+        done = [*stepped, *errors]
+        self.sink.stepped(
+            job.seq, done, StepReply(errors, infos, finals, odd, envs=None if last else done)
+        )
 
 
 async def _after(before: asyncio.Task[Any], coro: Coroutine[Any, Any, T]) -> T:

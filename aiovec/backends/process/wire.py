@@ -1,19 +1,37 @@
 """Framing of the messages between the parent and a worker process.
 
-Each message is a pickle preceded by its length (4 bytes, big-endian; a
+Each message is a payload preceded by its length (4 bytes, big-endian; a
 length of ``-1`` announces an 8-byte length for messages of 2 GiB or more).
-Pipes carry them in both directions: a pipe wakes a sleeping reader faster
-than a socket, and the reader gets a whole small message in one ``read``.
+A payload is a pickle (a `pool.messages` value), or, for a whole group's
+step, the fixed-size `WholeStep`: the only request of a lock-step step, which
+names its number, its autoreset mode and two flags, and nothing else (the
+actions and reset flags are in the step rows).  A pickle never starts with its
+marker byte.  Pipes carry them in both directions: a pipe wakes a sleeping
+reader faster than a socket, and the reader gets a whole small message in one
+``read``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
+from collections.abc import Callable
 from multiprocessing import reduction
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ("READ_SIZE", "Frames", "SharedFile", "frame", "write_all")
+from gymnasium.vector import AutoresetMode
+
+__all__ = (
+    "READ_SIZE",
+    "WHOLE",
+    "Frames",
+    "SharedFile",
+    "WholeStep",
+    "frame",
+    "whole_frames",
+    "write_all",
+)
 
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
@@ -91,3 +109,45 @@ class SharedFile:
 
 def _rebuild_shared_file(duplicate: Any) -> SharedFile:
     return SharedFile(duplicate.detach())
+
+
+WHOLE = 0x53
+"""The first byte of a `WholeStep` payload (b"S"); a pickle (protocol >= 2) starts with 0x80."""
+MODES = tuple(mode.value for mode in AutoresetMode)  # by code
+_MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
+_WHOLE_STEP = struct.Struct("!BqBB")  # WHOLE, seq, the autoreset mode's code, flags
+_WHOLE_STEP_FRAMED = struct.Struct("!i" + _WHOLE_STEP.format[1:])
+_STREAM, _TIMED = 1, 2  # the flags
+
+
+class WholeStep(NamedTuple):
+    """Step every env of the group, its actions and reset flags read from the step rows.
+
+    ``stream`` and ``timed``: as `StepRequest`'s.
+    """
+
+    seq: int
+    mode: str
+    stream: bool = False
+    timed: bool = False
+
+    @staticmethod
+    def frame(seq: int, mode: str, stream: bool = False, timed: bool = False) -> bytes:
+        """The request ``WholeStep(seq, mode, stream, timed)``, framed (no tuple: a hot path)."""
+        flags = (_STREAM if stream else 0) | (_TIMED if timed else 0)
+        return _WHOLE_STEP_FRAMED.pack(_WHOLE_STEP.size, WHOLE, seq, _MODE_CODES[mode], flags)
+
+    @classmethod
+    def parse(cls, payload: bytes) -> WholeStep:
+        """The request of a framed payload (its length header cut off)."""
+        _, seq, mode, flags = _WHOLE_STEP.unpack(payload)
+        return cls(seq, MODES[mode], bool(flags & _STREAM), bool(flags & _TIMED))
+
+
+def whole_frames(mode: str, timed: bool) -> tuple[Callable[..., bytes], int, int]:
+    """``(pack, code, flags)``: ``pack(seq, code, flags)`` frames the `WholeStep` ``seq``.
+
+    Made once per mode; a step's hot path maps ``pack`` over its numbers (in C).
+    """
+    pack = functools.partial(_WHOLE_STEP_FRAMED.pack, _WHOLE_STEP.size, WHOLE)
+    return pack, _MODE_CODES[mode], _TIMED if timed else 0

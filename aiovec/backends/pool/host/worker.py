@@ -1,6 +1,7 @@
 """One worker: its envs, its rows and its jobs, composed; the one dispatch of its requests.
 
-A worker process (`child.py`) and a Ray actor (``_ray_actor.py``) both hand
+A worker process (``backends/process/child.py``) and a Ray actor
+(``backends/ray/actor.py``) both hand
 each request to `Worker.handle`; they differ only in how they read requests,
 where their `Sink` sends replies, and how they drive what `handle` returns.
 """
@@ -11,15 +12,14 @@ import asyncio
 from collections.abc import Callable
 
 from aiovec._core.layout import StepLayout
-from aiovec.backends._host.envs import Envs, GroupFlow, portable
-from aiovec.backends._host.jobs import Jobs, Sink
-from aiovec.backends._host.rows import RowWriter
-from aiovec.backends._messages import (
+from aiovec.backends.pool.host.envs import Envs, GroupFlow, portable
+from aiovec.backends.pool.host.jobs import Jobs, Sink
+from aiovec.backends.pool.host.rows import RowWriter
+from aiovec.backends.pool.messages import (
     Attach,
     AttachReply,
     Call,
     Cancel,
-    LeanStep,
     Rebuild,
     RebuildReply,
     StepRequest,
@@ -33,7 +33,7 @@ class Worker:
     """The envs of one worker, the rows they write and the jobs they run.
 
     ``loop`` and ``alarm`` are the job engine's (`Jobs`); ``shared_fd`` is the
-    shared step file a worker process maps on `Attach` (a Ray actor has none:
+    step rows' file a worker process maps on `Attach` (a Ray actor has none:
     it gives its own rows to `RowWriter.use`).
     """
 
@@ -50,19 +50,13 @@ class Worker:
         self.rows = RowWriter()
         self.jobs = Jobs(envs, self.rows, sink, loop, alarm)
 
-    def handle(self, request: WorkerRequest | LeanStep) -> GroupFlow[None] | None:
+    def handle(self, request: WorkerRequest) -> GroupFlow[None] | None:
         """Start ``request``; its replies go to the sink.
 
         Returns the flow that its driver must run to its end before the next
         request (``None``: nothing left to drive; calls of async envs may still
         run as tasks on the loop).  `Stop` is the transport's to act on.
         """
-        if isinstance(request, LeanStep):
-            locals_ = range(len(self.envs.envs))
-            step = StepRequest(
-                request.seq, locals_, request.mode, None, None, request.stream, request.timed
-            )
-            return self.jobs.step(step, lean=True)
         if isinstance(request, StepRequest):
             return self.jobs.step(request)
         if isinstance(request, Call):

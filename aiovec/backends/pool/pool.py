@@ -1,41 +1,42 @@
-"""Envs grouped on workers: the policy shared by ``backend="process"`` and ``backend="ray"``.
+"""The pool: envs grouped on workers, for ``backend="process"`` and ``backend="ray"`` alike.
 
 Theory of operation.  The envs are split into W contiguous groups, one per
-worker (a process, or a Ray actor).  `GroupedBackend` keeps everything about
-that arrangement that does not depend on how a worker is reached; a backend
-adds only its transport (``process.py``: pipes and shared memory; ``ray.py``:
-actor calls and object refs).
+worker (a process, or a Ray actor).  `Pool` keeps everything about that
+arrangement that does not depend on how a worker is reached, and drives a
+`Transport` (``transport.py``) for the rest: ``backends/process/`` carries
+requests through pipes and a shared completion table, ``backends/ray/``
+through actor calls and object refs.  Its state lives in one `WorkTable`
+(``table.py``: pure, no loop, no transport); the pool acts on its answers.
 
 - **Who owns an env.**  ``owner[i]`` is the worker hosting env ``i``, for the
   vector env's whole life: a worker that is replaced hosts the same group.
   `parts` splits a call into one request per worker, by local index.
 - **What is in flight.**  Each request is a `Request`: its worker, its envs,
   when it started.  ``waiting_on[i]`` is the request env ``i`` waits on; a
-  reply is delivered only to the envs still waiting on it (`waiting`).
+  reply is delivered only to the envs still waiting on it (`WorkTable.waiting`).
 - **Streamed results.**  A request may be answered in parts (``send()``'s
   steps are): each `StepReply` names the envs it covers, the last one covers
-  the rest; `deliver_step` hands over only those, and `waiting` knows which
-  envs of a request are still out.
+  the rest; `deliver_step` hands over only those.
 - **Cancel.**  `cancel` reports the envs as cancelled at once, marks their
   request *partial*, and keeps it in ``stuck`` until the worker's late
   outcome for them comes (then dropped).  An async env's call is cancelled
-  in its worker (`interrupt`), and the worker goes on with its other envs.
-  A sync env cannot be interrupted: its worker is *blocked* until that call
-  ends, and a call on any env of a blocked worker fails at once with a
-  ``TimeoutError`` naming the abandoned call; its envs count as lost, so
-  ``reset()`` and restarts replace the worker.
+  in its worker (`Transport.interrupt`), and the worker goes on with its
+  other envs.  A sync env cannot be interrupted: its worker is *blocked*
+  until that call ends, and a call on any env of a blocked worker fails at
+  once with a ``TimeoutError`` naming the abandoned call; its envs count as
+  lost, so ``reset()`` and restarts replace the worker.
 - **A worker dies** (killed, crashed, its node lost, or its reply unreadable):
   `lose` fails its envs in flight with one `WorkerDiedError` whose cause is a
   ``ChildProcessError`` saying which worker died and how, and leaves all its
   envs *lost*.  Any later call on a lost env fails at once with a
   `WorkerDiedError` too (`fail_lost`), until `rebuild` replaces the worker.
 - **Replies to outcomes.**  `deliver_calls` and `deliver_step` turn a worker's
-  typed reply (``_messages.py``) into one outcome per waiting env: a value,
-  an error, or a row of the step block the transport builds.
+  typed reply (``messages.py``) into one outcome per waiting env: a value, an
+  error, or a row of a step block (a transport may hand a whole step whose
+  every result is in the step rows over as one block: `_finish_block`).
 - **Rebuild.**  `rebuild` rebuilds envs inside a healthy worker; a dead or
   stuck worker is replaced by a new one (logged as a warning on the
-  ``aiovec`` logger), whose envs must have the spaces of the others
-  (`check_rebuilt_spaces`).
+  ``aiovec`` logger), whose envs must have the spaces of the others.
 - **Close.**  `close_live_envs` gives blocked workers `STUCK_GRACE` seconds
   to end their abandoned call, kills those still blocked (their envs'
   failures were reported already: nothing is raised for them), then closes
@@ -45,7 +46,6 @@ actor calls and object refs).
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import time
@@ -54,90 +54,38 @@ from typing import Any, ClassVar
 
 import anyio
 
-from aiovec._core.calls import CLOSE
-from aiovec._core.ops import CallOp, Op
+from aiovec._core.ops import Op
 from aiovec._core.rows import Rows, StepBlock
-from aiovec._errors import EnvError, WorkerDiedError
+from aiovec._errors import WorkerDiedError
 from aiovec._log import logger
-from aiovec.backends._base import Backend, EnvTraits, check_rebuilt_spaces
+from aiovec.backends._base import Backend, Outcomes
 from aiovec.backends._limit import Slots
-from aiovec.backends._messages import (
-    CallReply,
-    Failed,
-    Outcome,
-    Ready,
-    StepReply,
+from aiovec.backends.pool.messages import CallReply, Outcome, StepReply
+from aiovec.backends.pool.table import Request, WorkTable
+from aiovec.backends.pool.transport import (
+    Part,
+    Transport,
+    check_replaced,
+    join_traits,
+    split,
 )
-from aiovec.backends._table import Request, WorkTable
 
-__all__ = (
-    "STUCK_GRACE",
-    "GroupedBackend",
-    "check_replaced",
-    "close_op",
-    "join_traits",
-    "ready_traits",
-    "split",
-)
+__all__ = ("STUCK_GRACE", "Pool")
 
 
 STUCK_GRACE = 0.5
 """Seconds ``close()`` waits for a worker blocked in an abandoned sync call before killing it."""
 
 
-def split(num_envs: int, count: int) -> list[range]:
-    """``count`` contiguous groups of envs whose sizes differ by one at most."""
-    size, extra = divmod(num_envs, count)
-    bounds = [w * size + min(w, extra) for w in range(count + 1)]
-    return [range(bounds[w], bounds[w + 1]) for w in range(count)]
+class Pool(Backend):
+    """A backend whose envs live in groups on workers, reached through a `Transport`.
 
-
-def ready_traits(body: Ready | Failed) -> EnvTraits:
-    """The traits a new worker reported, or the error its construction raised."""
-    if isinstance(body, Failed):
-        if body.by_factory:
-            index = body.env_index
-            raise EnvError({index: body.error}, f"env_fns[{index}]()") from body.error
-        raise body.error
-    return body.traits
-
-
-def join_traits(parts: Sequence[EnvTraits]) -> EnvTraits:
-    """The traits of all envs, from those of each group in order."""
-    return EnvTraits(
-        [space for t in parts for space in t.observation_spaces],
-        [space for t in parts for space in t.action_spaces],
-        parts[0].metadata,
-        parts[0].render_mode,
-    )
-
-
-def close_op(count: int) -> CallOp:
-    """The op that closes ``count`` envs."""
-    return CallOp([CLOSE] * count, "close")
-
-
-def check_replaced(envs: list[int], first: int, got: EnvTraits, traits: EnvTraits) -> None:
-    """The envs ``envs`` of a new worker (its group starts at ``first``) have their spaces."""
-    for i in envs:
-        j = i - first
-        want = (traits.observation_spaces[i], traits.action_spaces[i])
-        check_rebuilt_spaces(i, (got.observation_spaces[j], got.action_spaces[j]), want)
-
-
-class GroupedBackend(Backend):
-    """A backend whose envs live in groups on workers; subclasses add the transport.
-
-    A subclass sets the groups (`set_groups`) before any call, keeps its
-    workers in ``workers`` (``workers[w]`` hosts ``groups[w]``; each has a
-    ``group`` and a ``describe()``), and implements the transport: `request`,
-    `step_arrays`, `rebuild_in_place` and `replace` (and may override
-    `launch_whole` and `step_rows`).
+    A backend name binds a transport to it (``TRANSPORT``): ``backends/process/``
+    and ``backends/ray/``.
     """
 
-    workers: list[Any]
-    INTERRUPTS: ClassVar[bool] = False
-    """Whether a worker can cancel an async env's call in flight (`interrupt`)."""
+    TRANSPORT: ClassVar[type[Any]]
+    """The transport's class: made with the pool and its ``backend_options`` (a `Transport`)."""
 
     def __init__(
         self,
@@ -146,42 +94,40 @@ class GroupedBackend(Backend):
         limiter: anyio.CapacityLimiter | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        """Configure the transport, start one worker per group, learn the envs' traits."""
+        """Make the transport, start one worker per group, learn the envs' traits."""
         super().__init__(env_fns, num_workers, limiter, options)
-        self._fns = list(env_fns)
+        self.fns = list(env_fns)
         # max_concurrency: an env's call is sent once it holds a slot (`_dispatch`)
         self._slots = None if limiter is None else Slots(limiter, self._dispatch, self._queue)
         self._ops: dict[int, tuple[Op, int]] = {}  # env waiting for a slot -> (its op, position)
-        self.workers = []
-        count = self.configure(num_workers, dict(options or {}))
-        self.set_groups(split(self.num_envs, min(count, self.num_envs)))
+        self.transport: Transport = type(self).TRANSPORT(self, dict(options or {}))
+        count = num_workers or self.transport.default_workers
+        self.groups = groups = split(self.num_envs, min(count, self.num_envs))
+        self.all = range(self.num_envs)
+        self.table = WorkTable(self.groups, self.transport.INTERRUPTS, self._on_unblocked)
+        self._every: list[Part] = [(w, g, range(g.start, g.stop)) for w, g in enumerate(groups)]
+        """Every whole group, as the parts of a call on every env."""
+        self._every_env = set(self.all)
+        self.owner = self.table.owner
+        self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
         try:
-            self.traits = join_traits(self.start_workers())
-            self.started()
+            self.traits = join_traits(self.transport.start())
         except BaseException:
             self.close_now()
             raise
 
-    @abc.abstractmethod
-    def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
-        """Read the backend's options (nothing started yet); the default number of workers."""
+    @property
+    def workers(self) -> list[Any]:
+        """The workers, ``workers[w]`` hosting ``groups[w]``."""
+        return self.transport.workers
 
-    @abc.abstractmethod
-    def start_workers(self) -> list[EnvTraits]:
-        """Start a worker per group (`groups`) into `workers`; each group's traits, in order."""
-
-    def started(self) -> None:
-        """Every worker is up and `traits` known: finish setting up (e.g. share memory)."""
+    @property
+    def num_workers(self) -> int:
+        """How many workers host the envs."""
+        return len(self.workers)
 
     def _new_results(self) -> Rows:
         return Rows()
-
-    def set_groups(self, groups: list[range]) -> None:
-        """Host ``groups[w]`` on worker ``w``."""
-        self.groups, self.all = groups, range(self.num_envs)
-        self.table = WorkTable(groups, self.INTERRUPTS, self._on_unblocked)
-        self.owner = self.table.owner
-        self._unblocked: asyncio.Future[None] | None = None  # a blocked worker came back
 
     def _on_unblocked(self) -> None:
         waiter = self._unblocked
@@ -196,17 +142,14 @@ class GroupedBackend(Backend):
         return self.table.lost_envs()
 
     def refresh(self) -> None:
-        """Take in, without waiting, the replies that have come (a transport may)."""
-
-    @property
-    def num_workers(self) -> int:
-        """How many workers host the envs."""
-        return len(self.workers)
+        """Take in, without waiting, the outcomes that have come (no collect waits now)."""
+        self._wanted = 0
+        self.transport.receive(_nothing, None)
 
     # -- calls -------------------------------------------------------------------------
 
     def launch(self, indices: Sequence[int], op: Op) -> None:
-        """Make one request per worker hosting some of ``indices``; returns at once.
+        """Start ``op`` on ``indices``: one request per worker hosting some; returns at once.
 
         Under ``max_concurrency`` each env's call is sent once it holds a slot
         (`_launch_limited`).
@@ -215,19 +158,18 @@ class GroupedBackend(Backend):
         if self._slots is not None:
             self._launch_limited(indices, op, since)
             return
-        self.pending.update(indices)
         table = self.table
         if indices == self.all and not table.lost and not table.blocked:  # every whole group
-            if self.launch_whole(op, since):
-                return
-            self._started[:] = [since] * self.num_envs
-            for worker in self.workers:
-                self.request(worker, worker.group, op.subset(worker.group), since)
+            if self.pending:
+                self.pending.update(indices)
+            else:  # (a copy of a set of the same size: no hashing, the step's hot path)
+                self.pending = self._every_env.copy()
+            self.transport.send(self._every, op, since, True)
             return
+        self.pending.update(indices)
         for i in indices:
             self._started[i] = since
-        for w, envs, positions in self.parts(indices):
-            self.request(self.workers[w], envs, self.part_of(op, positions), since)
+        self.transport.send(self.parts(indices), op, since, False)
 
     def _launch_limited(self, indices: Sequence[int], op: Op, since: float) -> None:
         """Ask a slot for each env of ``indices`` (`WorkTable.turns`); those given one go now.
@@ -253,8 +195,7 @@ class GroupedBackend(Backend):
             pairs.sort()
             indices = [i for i, _ in pairs]
             part = op.subset([k for _, k in pairs])
-            for w, group_envs, positions in self.parts(indices):
-                self.request(self.workers[w], group_envs, self.part_of(part, positions), since)
+            self.transport.send(self.parts(indices), part, since, False)
 
     def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
         super()._finish(i, value, error)
@@ -276,24 +217,12 @@ class GroupedBackend(Backend):
             return None
         return super().started_at(i)
 
-    def part_of(self, op: Op, positions: list[int]) -> Op:
-        """The part of ``op`` for its envs at ``positions`` (a transport may need less)."""
-        return op.subset(positions)
-
-    def launch_whole(self, op: Op, since: float) -> bool:
-        """Start ``op`` on every env a way of the transport's own, if it has one for it."""
-        return False
-
-    @abc.abstractmethod
-    def request(self, worker: Any, envs: Sequence[int], op: Op, since: float) -> None:
-        """Send ``op`` for ``envs`` (all hosted by ``worker``); its reply comes to the loop."""
-
     def unsendable(self, envs: Sequence[int], op: Op, error: Exception) -> None:
         """``op`` cannot be sent to ``envs`` (e.g. an argument that does not pickle)."""
         for i in envs:
             self._finish(i, None, TypeError(f"cannot send {op.name}() to env {i}: {error}"))
 
-    def parts(self, indices: Sequence[int]) -> list[tuple[int, Sequence[int], list[int]]]:
+    def parts(self, indices: Sequence[int]) -> list[Part]:
         """Each worker's part of a call (`WorkTable.parts`); unreachable envs fail now."""
         sends, blocked, lost = self.table.parts(indices)
         for w, envs in blocked.items():
@@ -320,6 +249,7 @@ class GroupedBackend(Backend):
         blocking call, and those whose results it held back) are lost with it,
         each with a `LostWithWorkerError` error naming the env that blocks it.
         """
+        self.refresh()  # what came in time is not abandoned
         targets = sorted(self.pending if indices is None else self.pending.intersection(indices))
         slots = self._slots
         if slots is None:
@@ -337,11 +267,44 @@ class GroupedBackend(Backend):
         for i, error in lost.items():
             self._finish(i, None, error)
         for w, locals_ in interrupt.items():
-            self.interrupt(self.workers[w], locals_)
+            self.transport.interrupt(self.workers[w], locals_)
 
-    def interrupt(self, worker: Any, locals_: list[int]) -> None:
-        """Cancel the calls in flight of the async envs ``locals_`` in ``worker``."""
-        raise NotImplementedError  # only where INTERRUPTS
+    # -- waiting -----------------------------------------------------------------------
+
+    async def collect(
+        self,
+        min_done: int,
+        timeout: float | None = None,  # noqa: ASYNC109  (returns what finished by then)
+    ) -> Outcomes:
+        """As `Backend.collect`; where the loop is parked, the transport waits by itself.
+
+        Out of time, what has come is taken in once more: an outcome that came
+        in time is never taken for late.
+        """
+        if self._waiter is not None:  # its waiter would be replaced, and never woken
+            raise RuntimeError(
+                "Backend.collect() called while another collect() waits; one caller collects"
+            )
+        self._wanted = min_done
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.transport.receive(self._needed, deadline) and self._needed():
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                if timeout is None:
+                    await waiter
+                else:
+                    await asyncio.wait([waiter], timeout=timeout)
+            finally:
+                self._waiter = None
+            if not waiter.done():
+                self.refresh()
+        return self.take()
+
+    def _needed(self) -> int:
+        """How many more outcomes the collect in progress waits for (0: none)."""
+        if not self.pending:
+            return 0
+        return max(0, self._wanted - len(self._results) - len(self._errors))
 
     # -- replies -----------------------------------------------------------------------
 
@@ -398,21 +361,15 @@ class GroupedBackend(Backend):
             waiting = [i for i in waiting if i - first not in errors and i - first not in odd]
         if not waiting:
             return
+        rows, arrays = self.transport.rows_of(request, waiting, reply)
+        infos, finals = reply.infos, reply.finals
         block = StepBlock(
-            self.step_rows(request, waiting, reply),
-            self.step_arrays(),
-            {first + j: info for j, info in reply.infos.items()},
-            {first + j: final for j, final in reply.finals.items()},
+            rows,
+            arrays,
+            {first + j: info for j, info in infos.items()} if infos else {},
+            {first + j: final for j, final in finals.items()} if finals else {},
         )
         self._finish_block(block, request.since)
-
-    def step_rows(self, request: Request, rows: Sequence[int], reply: StepReply) -> Sequence[int]:
-        """Make the step rows ``rows`` of ``reply`` readable in `step_arrays`; the block's envs."""
-        return rows
-
-    @abc.abstractmethod
-    def step_arrays(self) -> Any:
-        """The step arrays a step's block of rows is read from."""
 
     # -- deaths ------------------------------------------------------------------------
 
@@ -458,7 +415,7 @@ class GroupedBackend(Backend):
         first = self.groups[w].start
         table = self.table
         if table.healthy(w, self.workers[w].alive):
-            failed = await self.rebuild_in_place(w, [i - first for i in envs])
+            failed = await self.transport.rebuild_in_place(w, [i - first for i in envs])
             if failed is not None:
                 table.lost.difference_update(i for i in envs if i - first not in failed)
                 return {first + j: error for j, error in failed.items()}
@@ -469,19 +426,28 @@ class GroupedBackend(Backend):
         )
         if w in table.blocked:  # its other envs go with it: lost until rebuilt too
             table.lost.update(self.groups[w])
-        check_replaced(envs, first, await self.replace(w), self.traits)
+        check_replaced(envs, first, await self.transport.replace(w), self.traits)
         table.lost.difference_update(envs)
         return {}
 
-    @abc.abstractmethod
-    async def rebuild_in_place(self, w: int, locals_: list[int]) -> dict[int, BaseException] | None:
-        """Rebuild envs ``locals_`` inside worker ``w``: the failures, or ``None`` if it died."""
-
-    @abc.abstractmethod
-    async def replace(self, w: int) -> EnvTraits:
-        """Stop worker ``w`` (if it still runs) and start a new one: its envs' traits."""
-
     # -- closing ---------------------------------------------------------------------
+
+    async def settle_cancelled(self) -> None:
+        """Let the transport's own work for cancelled calls end (Ray's streamed steps)."""
+        await self.transport.settle_cancelled()
+
+    async def aclose(self) -> dict[int, BaseException]:
+        """Close every env still hosted, then stop every worker."""
+        errors: dict[int, BaseException] | None = None
+        try:
+            errors = await self.close_live_envs()
+            return errors
+        finally:
+            await self.transport.aclose(errors)
+
+    def close_now(self) -> None:
+        """Without a loop (construction failed): close the envs, best effort; stop everything."""
+        self.transport.close_now()
 
     async def close_live_envs(self) -> dict[int, BaseException]:
         """Close every env not lost (within `CLOSE_TIMEOUT`); errors by env.
@@ -496,7 +462,7 @@ class GroupedBackend(Backend):
             worker = self.workers[w]
             text = "killing the %s: it still runs %s, abandoned; envs %s are not closed"
             logger.warning(text, worker.describe(), what, list(worker.group))
-            self.kill(w)
+            self.transport.kill(w)
         alive = [i for i in range(self.num_envs) if i not in self.table.lost]
         return await self._close_envs(alive)
 
@@ -508,18 +474,22 @@ class GroupedBackend(Backend):
         replaced (by ``reset()``) or killed (by ``close()``) for nothing.
         """
         owners = {self.owner[i] for i in indices}
-        deadline = time.perf_counter() + STUCK_GRACE
         blocked = self.table.blocked
-        while not owners.isdisjoint(blocked) and (left := deadline - time.perf_counter()) > 0:
-            self.refresh()
-            if owners.isdisjoint(blocked):
-                return
+
+        def stuck() -> int:
+            return 0 if owners.isdisjoint(blocked) else 1
+
+        deadline = time.monotonic() + STUCK_GRACE
+        while stuck() and (left := deadline - time.monotonic()) > 0:
+            if self.transport.receive(stuck, deadline) or not stuck():
+                continue
             self._unblocked = asyncio.get_running_loop().create_future()
             try:
                 await asyncio.wait([self._unblocked], timeout=left)
             finally:
                 self._unblocked = None
 
-    @abc.abstractmethod
-    def kill(self, w: int) -> None:
-        """Kill worker ``w`` at once (its envs are lost)."""
+
+def _nothing() -> int:
+    """No outcome is waited for (a `Transport.receive` that takes in what came, only)."""
+    return 0

@@ -1,9 +1,9 @@
-"""The Ray actor that hosts one group of envs: a thin shell over the shared `Worker`.
+"""The Ray actor that hosts one group of envs: a thin shell over the pool's `Worker`.
 
 An actor starts empty: `GroupActor.placed` answers once Ray has placed it,
 and `GroupActor.load` builds a group in it (again for each vector env that
 takes it from an ``ActorPool``).  Each remote call is one request, handed to
-the same dispatch a worker process uses (`Worker.handle`); the actor's sink
+the same dispatch a worker process uses (`Worker.handle`, ``backends/pool/host/``); the actor's sink
 (`_Waiting`) hands each reply to the call that waits for it, which returns
 it, merges a step's parts into one reply, or yields them (a streamed step, a
 Ray generator).  The actor is an async actor that takes many calls at once:
@@ -26,11 +26,10 @@ import ray
 
 from aiovec._core.layout import StepLayout
 from aiovec._core.ops import CallOp
-from aiovec.backends._host.envs import GroupFlow, build_flow, drive, gather_outcomes
-from aiovec.backends._host.jobs import Body
-from aiovec.backends._host.worker import Worker
-from aiovec.backends._messages import (
-    CLEAN_STEP,
+from aiovec.backends.pool.host.envs import GroupFlow, build_flow, drive, gather_outcomes
+from aiovec.backends.pool.host.jobs import Body
+from aiovec.backends.pool.host.worker import Worker
+from aiovec.backends.pool.messages import (
     Call,
     CallReply,
     Cancel,
@@ -48,13 +47,16 @@ __all__ = ("GroupActor",)
 class _Waiting(dict[int, "asyncio.Queue[Body]"]):
     """The actor's sink: the replies of each call in progress, by request number."""
 
+    def stepped(self, seq: int, done: list[int], reply: StepReply) -> None:
+        self.reply(seq, reply)
+
+    def called(self, seq: int, locals_: Sequence[int], reply: CallReply) -> None:
+        self.reply(seq, reply)
+
     def reply(self, seq: int, body: Body) -> None:
         parts = self.get(seq)
         if parts is not None:
             parts.put_nowait(body)
-
-    def clean(self, seq: int) -> None:
-        self.reply(seq, CLEAN_STEP)
 
 
 class GroupActor:

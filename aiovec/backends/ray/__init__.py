@@ -2,12 +2,12 @@
 
 Theory of operation.  The envs are split into W contiguous groups, one per Ray
 actor.  What envs grouped on workers mean (who owns an env, cancel, a worker's
-death, lost envs, rebuild, close) is `GroupedBackend`'s (``_grouped.py``), as
-for the process backend; this module is the transport: actors and object
-refs.  An actor (`GroupActor`, ``_ray_actor.py``) starts empty; once
+death, lost envs, rebuild, close) is the pool's (``backends/pool/``), as for
+the process backend; this package is its transport (`RayTransport`): actors
+and object refs.  An actor (`GroupActor`, ``actor.py``) starts empty; once
 Ray has placed it (a wait bounded by ``placement_timeout``), its ``load`` call
 builds its group from the cloudpickled factories into a `Worker`
-(``_host/``), the very object a worker process serves, and hands every
+(``pool/host/``), the very object a worker process serves, and hands every
 request to the same dispatch: the per-env rules (autoreset, errors as values)
 are written once, in the core, and driven there.  The actor is an async actor
 that takes many calls at once: its sync envs still run one at a time (on its
@@ -21,7 +21,7 @@ envs; a streamed step (``send()``), and a whole step under a
 envs' parts until the last: see `WorkTable.track`), so that a deadline
 blames the env that did not answer and keeps the results of those that did.
 
-``launch`` makes one remote call per actor hosting some of the envs, and turns
+``send`` makes one remote call per actor hosting some of the envs, and turns
 each returned object ref into an asyncio future (``ObjectRef.future`` through
 ``asyncio.wrap_future``); its completion calls back on the event loop.  Nothing
 here blocks on ``ray.get`` once the vector env is built (construction has no
@@ -29,14 +29,14 @@ loop, and waits for the actors to report their envs).
 
 A step's reply is the worker's `StepReply` carrying the actor's step arrays
 (``rows``): the group's observations, rewards and flags written in place
-(``_core/layout.py``), as one numpy byte array.  The parent copies the rows of the envs
-still waiting into a receive buffer of its own and hands them to the batcher
-as one `StepBlock`.  Nothing is shared across nodes.
+(``_core/layout.py``), as one numpy byte array.  The parent copies the rows of
+the envs still waiting into a receive buffer of its own and hands them to the
+batcher as one `StepBlock`.  Nothing is shared across nodes.
 
 An actor that dies (killed, its process or its node lost) is seen as a Ray
-error on a call's reply: `GroupedBackend.lose` does the rest, Ray's exception
-the cause of the death.  Replacing an actor (`replace`) kills the old one and
-starts a new one for the same group, waiting for its placement within
+error on a call's reply: `Pool.lose` does the rest, Ray's exception the cause
+of the death.  Replacing an actor (`replace`) kills the old one and starts a
+new one for the same group, waiting for its placement within
 ``placement_timeout``.
 
 On ``aclose`` the actors are killed, or, with an `ActorPool`, those whose envs
@@ -65,18 +65,19 @@ from aiovec._core.ops import Op, StepOp
 from aiovec._errors import WorkerDiedError
 from aiovec.backends import _drive as drive
 from aiovec.backends._base import EnvTraits
-from aiovec.backends._grouped import STUCK_GRACE, GroupedBackend, close_op, ready_traits
-from aiovec.backends._messages import (
+from aiovec.backends.pool.messages import (
     Failed,
     Ready,
     RebuildReply,
     StepReply,
     StepRequest,
 )
-from aiovec.backends._ray_actor import GroupActor
-from aiovec.backends._table import Request
+from aiovec.backends.pool.pool import STUCK_GRACE, Pool
+from aiovec.backends.pool.table import Request
+from aiovec.backends.pool.transport import Part, close_op, ready_traits
+from aiovec.backends.ray.actor import GroupActor
 
-__all__ = ("ACTOR_OPTIONS", "ActorPool", "RayBackend")
+__all__ = ("ACTOR_OPTIONS", "ActorPool", "RayBackend", "RayTransport")
 
 ACTOR_OPTIONS = frozenset(
     {
@@ -224,28 +225,26 @@ class _Actor:
         return died
 
 
-class RayBackend(GroupedBackend):
-    """Hosts envs in Ray actors; awaits their replies as asyncio futures.
+class RayTransport:
+    """Carries a pool's requests to Ray actors; awaits their replies as asyncio futures.
 
     The program normally connects to its cluster first (``ray.init(address=...)``);
     if it has not, ``ray.init()`` runs with Ray's defaults (``RAY_ADDRESS``, or a
     new local instance), as Ray itself would on first use.
 
     Args:
-        env_fns: The env factories (cloudpickled to the actors).
-        num_workers: How many actors (default: one per CPU of the cluster).
-        limiter: ``max_concurrency`` (this vector env's own): an env's call is
-            sent to its actor once it holds a slot (`GroupedBackend.launch`).
+        pool: The pool it carries requests for.
         options: Ray actor options for every actor (`ACTOR_OPTIONS`), and an
             `ActorPool` to take actors from and give them back to
             (``"actor_pool"``).
     """
 
-    OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS | {POOL_OPTION, PLACEMENT_OPTION}
     INTERRUPTS: ClassVar[bool] = True
 
-    def configure(self, num_workers: int | None, options: dict[str, Any]) -> int:
+    def __init__(self, pool: Pool, options: dict[str, Any]) -> None:
         """Connect to Ray, read the options; one actor per CPU of the cluster by default."""
+        self.pool = pool
+        self.workers: list[_Actor] = []
         if not ray.is_initialized():  # as Ray would on first use: RAY_ADDRESS, or a local one
             ray.init()
         self._pool: ActorPool | None = options.pop(POOL_OPTION, None)
@@ -262,26 +261,25 @@ class RayBackend(GroupedBackend):
         self._streams: dict[asyncio.Task[None], Request] = {}
         self._seq = 0  # the number of the newest request (an actor cancels by it)
         self._finalizer = weakref.finalize(self, _kill_all, self.workers)
-        return num_workers or _cluster_cpus()
+        self.default_workers = _cluster_cpus()
 
-    def start_workers(self) -> list[EnvTraits]:
+    def start(self) -> list[EnvTraits]:
         """An actor per group (idle ones from the pool first), each loading its envs."""
-        idle = self._pool.take(self._options, len(self.groups)) if self._pool else []
+        groups = self.pool.groups
+        idle = self._pool.take(self._options, len(groups)) if self._pool else []
         refs = []
-        for k, group in enumerate(self.groups):
+        for k, group in enumerate(groups):
             actor, placed, loaded = self._start(group, idle[k] if k < len(idle) else None)
             self.workers.append(actor)
             refs.append((placed, loaded))
-        return [self._await_ready(w, *pair) for w, pair in enumerate(refs)]
-
-    def started(self) -> None:
-        """Lay out each actor's step rows and the receive buffer they are copied into."""
-        self._spaces = (self.traits.observation_spaces[0], self.traits.action_spaces[0])
-        layout = StepLayout.of(*self._spaces, self.num_envs)
-        if layout is not None:
+        traits = [self._await_ready(w, *pair) for w, pair in enumerate(refs)]
+        self._spaces = (traits[0].observation_spaces[0], traits[0].action_spaces[0])
+        layout = StepLayout.of(*self._spaces, self.pool.num_envs)
+        if layout is not None:  # the step rows of each actor, and the buffer they go into
             self._receive = layout.arrays(bytearray(layout.nbytes))
             for actor in self.workers:
                 actor.layout = StepLayout.of(*self._spaces, len(actor.group))
+        return traits
 
     @property
     def node_ids(self) -> tuple[str | None, ...]:
@@ -302,7 +300,7 @@ class RayBackend(GroupedBackend):
         idle one: placed long ago), and the ref of its `GroupActor.load` reply.
         """
         try:
-            payload = cloudpickle.dumps([self._fns[i] for i in group])
+            payload = cloudpickle.dumps([self.pool.fns[i] for i in group])
         except Exception as exc:
             raise TypeError(
                 f"env_fns[{group.start}:{group.stop}] cannot be sent to a Ray actor "
@@ -356,25 +354,31 @@ class RayBackend(GroupedBackend):
         traits = ready_traits(reply)
         assert isinstance(reply, Ready)
         actor.node_id = reply.node_id
-        self.table.note_ready(self.workers.index(actor), reply)
+        self.pool.table.note_ready(self.workers.index(actor), reply)
         return traits
 
     # -- running ops -------------------------------------------------------------------
 
-    def request(self, worker: _Actor, envs: Sequence[int], op: Op, since: float) -> None:
+    def send(self, parts: list[Part], op: Op, since: float, whole: bool) -> None:
+        """One remote call per part; each reply comes to the loop."""
+        for w, envs, positions in parts:
+            self._request(self.workers[w], envs, op.subset(positions), since)
+
+    def _request(self, worker: _Actor, envs: Sequence[int], op: Op, since: float) -> None:
         """Call ``op`` for ``envs`` (all hosted by ``worker``); the reply comes to the loop."""
         first = worker.group.start
         locals_ = [i - first for i in envs]
         self._seq += 1
         seq = self._seq
+        table = self.pool.table
         try:
             if isinstance(op, StepOp) and (op.stream or op.timed):  # its parts as envs finish
                 message = StepRequest(
                     seq, locals_, op.mode.value, list(op.reset_first), list(op.actions), True
                 )
                 parts = worker.handle.step_stream.options(num_returns="streaming").remote(message)
-                request = self.table.track(worker, envs, since, op, seq)
-                self.table.wait_on(request, envs)
+                request = table.track(worker, envs, since, op, seq)
+                table.wait_on(request, envs)
                 task = asyncio.get_running_loop().create_task(self._stream(request, parts))
                 self._streams[task] = request
                 task.add_done_callback(self._stream_ended)
@@ -387,10 +391,10 @@ class RayBackend(GroupedBackend):
             else:
                 ref = worker.handle.call.remote(seq, locals_, op)
         except Exception as exc:  # e.g. an argument that cannot be serialised
-            self.unsendable(envs, op, exc)
+            self.pool.unsendable(envs, op, exc)
             return
-        request = self.table.track(worker, envs, since, op, seq)
-        self.table.wait_on(request, envs)
+        request = table.track(worker, envs, since, op, seq)
+        table.wait_on(request, envs)
         future = _future(ref)
         future.add_done_callback(functools.partial(self._deliver, request))
 
@@ -398,15 +402,19 @@ class RayBackend(GroupedBackend):
         """Deliver a streamed step's parts as the actor yields them."""
         try:
             async for ref in parts:
-                self.deliver_step(request, await ref)
+                self.pool.deliver_step(request, await ref)
         except _RAISED as exc:  # the call itself failed
-            for i in self.table.waiting(request):
-                self._finish(i, None, exc)
+            for i in self.pool.table.waiting(request):
+                self.pool._finish(i, None, exc)
         except _DEATHS as exc:
             self._on_death(request.worker, exc)
 
     def _stream_ended(self, task: asyncio.Task[None]) -> None:
         del self._streams[task]
+
+    def receive(self, need: Any, deadline: float | None) -> bool:
+        """Replies come to the loop by themselves: nothing to take in, never waits here."""
+        return False
 
     async def settle_cancelled(self) -> None:
         """Receive the streamed steps no env waits on to their end (`STUCK_GRACE` s at most).
@@ -416,7 +424,7 @@ class RayBackend(GroupedBackend):
         task of a call that already raised is left running.  (A sync env's call runs on
         to its end, blocking its actor: its stream is not waited for.)
         """
-        table = self.table
+        table = self.pool.table
         waiting_on = table.waiting_on
         ended = [
             task
@@ -428,45 +436,40 @@ class RayBackend(GroupedBackend):
 
     def _deliver(self, request: Request, future: asyncio.Future[Any]) -> None:
         """On the loop: a remote call ended; hand its envs' outcomes over."""
+        pool = self.pool
         try:
             reply = future.result()
         except _RAISED as exc:  # the call itself failed (e.g. a reply that did not serialise)
-            for i in self.table.waiting(request):
-                self._finish(i, None, exc)
+            for i in pool.table.waiting(request):
+                pool._finish(i, None, exc)
             return
         except _DEATHS as exc:
             self._on_death(request.worker, exc)
             return
         except BaseException as exc:
-            for i in self.table.waiting(request):
-                self._finish(i, None, exc)
+            for i in pool.table.waiting(request):
+                pool._finish(i, None, exc)
             return
-        self.deliver(request, reply)
+        pool.deliver(request, reply)
 
-    def step_arrays(self) -> StepArrays:
-        """The receive buffer: each actor's step rows are copied into it."""
-        assert self._receive is not None  # else every env is odd
-        return self._receive
-
-    def step_rows(self, request: Request, rows: Sequence[int], reply: StepReply) -> Sequence[int]:
+    def rows_of(self, request: Request, rows: Sequence[int], reply: StepReply) -> Any:
         """Copy ``rows`` out of the actor's step arrays into the receive buffer."""
         actor = request.worker
         assert actor.layout is not None
         assert reply.rows is not None
-        _copy_step_rows(
-            self.step_arrays(), actor.layout.arrays(reply.rows), rows, actor.group.start
-        )
-        return actor.group if len(rows) == len(actor.group) else rows
+        assert self._receive is not None  # else every env is odd
+        _copy_step_rows(self._receive, actor.layout.arrays(reply.rows), rows, actor.group.start)
+        return (actor.group if len(rows) == len(actor.group) else rows), self._receive
 
     def _on_death(self, actor: _Actor, cause: BaseException) -> None:
         """``actor`` died: fail its envs in flight, lose all its envs."""
         if not actor.alive:
-            self.fail_waiting(actor, actor.death(cause))
+            self.pool.fail_waiting(actor, actor.death(cause))
             return
         actor.alive = False
         with contextlib.suppress(Exception):  # if Ray only lost touch with it: it must go
             ray.kill(actor.handle, no_restart=True)
-        self.lose(actor, actor.death(cause))
+        self.pool.lose(actor, actor.death(cause))
 
     def interrupt(self, worker: _Actor, locals_: list[int]) -> None:
         """Ask ``worker`` to cancel the calls of its async envs ``locals_``, by request."""
@@ -475,7 +478,7 @@ class RayBackend(GroupedBackend):
         first = worker.group.start
         by_request: dict[int, list[int]] = {}
         for j in locals_:
-            by_request.setdefault(self.table.stuck[first + j].seq, []).append(j)
+            by_request.setdefault(self.pool.table.stuck[first + j].seq, []).append(j)
         for seq, cancelled in by_request.items():
             with contextlib.suppress(Exception):  # a dead actor: its death is seen apart
                 worker.handle.cancel.remote(seq, cancelled)
@@ -496,7 +499,7 @@ class RayBackend(GroupedBackend):
         except _DEATHS as exc:
             self._on_death(actor, exc)
             return None
-        return self.table.note_rebuilt(w, reply)
+        return self.pool.table.note_rebuilt(w, reply)
 
     async def replace(self, w: int) -> EnvTraits:
         """Kill actor ``w`` (if it still runs) and start a new one for its group."""
@@ -519,23 +522,18 @@ class RayBackend(GroupedBackend):
 
     # -- closing ---------------------------------------------------------------------
 
-    async def aclose(self) -> dict[int, BaseException]:
-        """Close every env still hosted, then kill every actor."""
-        errors: dict[int, BaseException] | None = None
-        try:
-            errors = await self.close_live_envs()
-            return errors
-        finally:
-            for task in self._streams:  # nothing waits on their parts any more
-                task.cancel()
-            if errors is not None and self._pool is not None:
-                self._give_back(self._pool, errors)
-            self._finalizer()
+    async def aclose(self, errors: Mapping[int, BaseException] | None) -> None:
+        """Kill every actor, or give those whose envs all closed cleanly (``errors``) back."""
+        for task in self._streams:  # nothing waits on their parts any more
+            task.cancel()
+        if errors is not None and self._pool is not None:
+            self._give_back(self._pool, errors)
+        self._finalizer()
 
     def _give_back(self, pool: ActorPool, errors: Mapping[int, BaseException]) -> None:
         """Give the pool every live actor whose envs all closed cleanly (the rest are killed)."""
         for actor in self.workers:
-            clean = not any(i in errors or i in self.table.stuck for i in actor.group)
+            clean = not any(i in errors or i in self.pool.table.stuck for i in actor.group)
             if actor.alive and clean:
                 actor.alive = False  # not the finalizer's to kill any more
                 pool.give(self._options, actor.handle, actor.node_id)
@@ -554,6 +552,28 @@ class RayBackend(GroupedBackend):
         if closes:
             ray.wait(closes, num_returns=len(closes), timeout=drive.CLOSE_TIMEOUT)
         self._finalizer()
+
+
+class RayBackend(Pool):
+    """Hosts envs in Ray actors (the pool over `RayTransport`).
+
+    ``backend_options``: Ray actor options for every actor (`ACTOR_OPTIONS`),
+    an `ActorPool` to take actors from and give them back to
+    (``"actor_pool"``), and ``"placement_timeout"``.
+    """
+
+    OPTIONS: ClassVar[frozenset[str]] = ACTOR_OPTIONS | {POOL_OPTION, PLACEMENT_OPTION}
+    TRANSPORT = RayTransport
+
+    @property
+    def node_ids(self) -> tuple[str | None, ...]:
+        """The Ray node each actor runs on (for diagnostics and tests)."""
+        return self.transport.node_ids  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def actors(self) -> tuple[Any, ...]:
+        """The actor handles (for diagnostics and tests)."""
+        return self.transport.actors  # type: ignore[attr-defined,no-any-return]
 
 
 def _ready(actor: _Actor, ref: Any) -> Ready | Failed:

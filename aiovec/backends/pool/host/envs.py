@@ -20,7 +20,7 @@ from aiovec._core.ops import CallOp
 from aiovec._env import is_async_env
 from aiovec.backends._base import EnvTraits, check_env, check_rebuilt, make_env
 from aiovec.backends._drive import close_quietly, perform_sync, step_sync
-from aiovec.backends._messages import Failed, Outcome, Ready
+from aiovec.backends.pool.messages import Failed, Outcome, Ready
 
 __all__ = ("Envs", "GroupFlow", "build_flow", "drive", "gather_outcomes", "portable", "run")
 
