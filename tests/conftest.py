@@ -50,6 +50,9 @@ BACKENDS = [
     *(["ray"] if HAVE_RAY else []),
     *(["remote"] if served.HAVE_SERVE else []),
 ]
+LOCAL_BACKENDS = [b for b in BACKENDS if b != "remote"]
+"""The backends a test can hand local factories to directly (``"remote"``'s envs are
+sessions on a server: `open_front_end` makes them from the factories)."""
 SYNC_ONLY_BACKENDS = {"thread"}  # they run synchronous (blocking) envs only
 FRONT_ENDS = ["await", "blocking"]
 FLAVOURS = ["sync", "async"]
@@ -801,6 +804,7 @@ __all__ = [
     "BACKENDS",
     "FLAVOURS",
     "FRONT_ENDS",
+    "LOCAL_BACKENDS",
     "MODES",
     "SPACES",
     "AwaitFrontEnd",
