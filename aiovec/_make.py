@@ -155,7 +155,9 @@ def make(
         backend = "inline" if mode is None else _BACKEND_OF_MODE[mode]
     cls = AsyncioVectorEnv if blocking is False else BlockingVectorEnv
     if remote:
-        return cls(**_remote(str(given_id), num_envs, backend, options, env_kwargs, token, wrappers))
+        return cls(
+            **_remote(str(given_id), num_envs, backend, options, env_kwargs, token, wrappers)
+        )
     maker: Callable[..., Any]
     if isinstance(given_id, str | EnvSpec):
         maker = functools.partial(gymnasium.make, given_id)
@@ -170,7 +172,7 @@ def make(
     return cls([factory] * num_envs, backend=backend, **options)
 
 
-def _remote(  # noqa: PLR0913, PLR0917
+def _remote(  # noqa: PLR0917
     url: str,
     num_envs: int,
     backend: str,

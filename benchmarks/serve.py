@@ -95,27 +95,21 @@ def aiovec_server(factory: str, *extra: str) -> Iterator[str]:
 # --------------------------------------------------------------------------- baselines
 
 
-async def _echo_server(port_box: list[int], stop: asyncio.Event) -> None:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            while True:
-                writer.write(await reader.readexactly(16))
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    port_box.append(server.sockets[0].getsockname()[1])
-    async with server:
-        await stop.wait()
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        while True:
+            writer.write(await reader.readexactly(16))
 
 
 def echo_main() -> None:
     """A bare asyncio TCP echo server (a process of its own): prints its port."""
+
     async def main() -> None:
-        box: list[int] = []
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(_echo_server(box, stop))
-        while not box:
-            await asyncio.sleep(0.001)
-        print(box[0], flush=True)
-        await task
+        server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        async with server:
+            await server.serve_forever()
+
     asyncio.run(main())
 
 
@@ -141,7 +135,7 @@ def aiohttp_main() -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        print(site._server.sockets[0].getsockname()[1], flush=True)  # noqa: SLF001
+        print(site._server.sockets[0].getsockname()[1], flush=True)
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -171,8 +165,12 @@ def throughput(num_envs: int, steps: int, repeats: int) -> None:
     """Trivial steps/s over one connection: aiovec serve against one frame per step."""
     ours: list[float] = []
     base: list[float] = []
-    with aiovec_server("aiovec.testing:TrivialEnv") as url, helper("aiohttp") as port:
-        with aiovec.make(url, num_envs) as venv:
+    with (
+        aiovec_server("aiovec.testing:TrivialEnv") as url,
+        helper("aiohttp") as port,
+        aiovec.make(url, num_envs) as venv,
+    ):
+        if True:
             venv.reset(seed=0)
             actions = np.zeros(num_envs, np.int64)
             for _ in range(repeats):
@@ -189,7 +187,10 @@ def throughput(num_envs: int, steps: int, repeats: int) -> None:
 
 async def _frame_per_step(port: int, num_envs: int, steps: int) -> float:
     encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
-    async with aiohttp.ClientSession() as session, session.ws_connect(f"ws://127.0.0.1:{port}/") as ws:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"ws://127.0.0.1:{port}/") as ws,
+    ):
         waiting: dict[int, asyncio.Future[Any]] = {}
 
         async def reader() -> None:
@@ -217,8 +218,12 @@ def latency(steps: int, repeats: int) -> None:
     """One session's step against a bare asyncio TCP round trip (microseconds)."""
     ours: list[float] = []
     bare: list[float] = []
-    with aiovec_server("aiovec.testing:TrivialEnv") as url, helper("echo") as port:
-        with aiovec.make(url, 1) as venv:
+    with (
+        aiovec_server("aiovec.testing:TrivialEnv") as url,
+        helper("echo") as port,
+        aiovec.make(url, 1) as venv,
+    ):
+        if True:
             venv.reset(seed=0)
             action = np.zeros(1, np.int64)
             for _ in range(repeats):
@@ -248,7 +253,7 @@ async def _echo_rtt(port: int, steps: int) -> float:
 
 def sessions(num_envs: int, wait: float, steps: int) -> None:
     """N sessions of an env whose step waits ``wait`` s, on one server core."""
-    with aiovec_server(f"serve:CountingEnv", "--resume-window", "60") as url:
+    with aiovec_server("serve:CountingEnv", "--resume-window", "60") as url:
         pid = _server_pid(url)
         with aiovec.make(url, num_envs, wait=wait) as venv:
             venv.reset(seed=list(range(num_envs)))
@@ -262,13 +267,18 @@ def sessions(num_envs: int, wait: float, steps: int) -> None:
     p99 = float(np.percentile(times, 99))
     print(f"\nsessions: {num_envs} sessions, each step waits {wait} s, {steps} steps")
     print(f"  vector step p50 {np.median(times):.3f} s, p99 {p99:.3f} s")
-    print(f"  server CPU: {cpu / steps:.3f} s per step ({1e6 * cpu / steps / num_envs:.2f} us per session-step)")
+    print(
+        f"  server CPU: {cpu / steps:.3f} s per step "
+        f"({1e6 * cpu / steps / num_envs:.2f} us per session-step)"
+    )
 
 
 def _server_pid(url: str) -> int | None:
     port = url.rsplit(":", 1)[1]
     with contextlib.suppress(Exception):
-        out = subprocess.run(["ss", "-ltnp", f"sport = :{port}"], capture_output=True, text=True, check=False).stdout
+        out = subprocess.run(
+            ["ss", "-ltnp", f"sport = :{port}"], capture_output=True, text=True, check=False
+        ).stdout
         return int(out.split("pid=")[1].split(",")[0])
     return None
 
@@ -286,10 +296,11 @@ def faults(num_envs: int, steps: int, cut_every: float) -> None:
     rng = random.Random(0)
     mismatched = repeated = lost = cuts = 0
     with aiovec_server("serve:CountingEnv") as url:
+
         async def run() -> None:
             nonlocal mismatched, repeated, lost, cuts
             async with aiovec.make(url, num_envs, blocking=False, step_timeout=30.0) as venv:
-                backend = venv._backend  # noqa: SLF001  (the cut is injected here)
+                backend = venv._backend
                 obs, _ = await venv.reset(seed=list(range(num_envs)))
                 ids = np.arange(num_envs)
                 for k in range(1, steps + 1):
@@ -315,7 +326,9 @@ def faults(num_envs: int, steps: int, cut_every: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few seconds (CI's smoke test)")
-    parser.add_argument("--part", choices=["throughput", "latency", "sessions", "faults"], action="append")
+    parser.add_argument(
+        "--part", choices=["throughput", "latency", "sessions", "faults"], action="append"
+    )
     parser.add_argument("--num-envs", type=int, default=256, help="throughput: sessions")
     parser.add_argument("--sessions", type=int, default=16384, help="sessions: how many")
     parser.add_argument("--wait", type=float, default=1.0, help="sessions: seconds a step waits")

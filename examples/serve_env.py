@@ -48,12 +48,12 @@ def blocking_client(url: str, steps: int) -> None:
 
 async def await_client(url: str, steps: int) -> None:
     async with aiovec.make(url, 8, blocking=False, max_episode_steps=20) as venv:
-        obs, _ = await venv.reset(seed=1)
+        await venv.reset(seed=1)
         ended = 0
         for k in range(steps):
             if k == steps // 2:
                 venv._backend.drop_connection()  # as a network fault would; resumed at once
-            obs, _, terminations, truncations, _ = await venv.step(np.ones(8, np.int64))
+            _, _, terminations, truncations, _ = await venv.step(np.ones(8, np.int64))
             ended += int((terminations | truncations).sum())
         print(f"await: {8 * steps} env-steps, {ended} episodes ended, a drop resumed on the way")
 

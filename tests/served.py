@@ -32,7 +32,7 @@ def sessions(env_fns: Any) -> Any:
     """Sessions on the session's server for ``env_fns`` (anything else is passed on, as is)."""
     if not isinstance(env_fns, list | tuple) or not all(map(callable, env_fns)):
         return env_fns
-    from aiovec.backends.remote import Remote  # noqa: PLC0415
+    from aiovec.backends.remote import Remote
 
     made = []
     for fn in env_fns:
@@ -49,7 +49,7 @@ def forget() -> None:
 
 def running_server(**options: Any) -> Iterator[str]:
     """Run the session's server; yields its URL."""
-    import aiovec  # noqa: PLC0415
+    import aiovec
 
     with aiovec.serve(build, **options) as server:
         URL.append(server.url)

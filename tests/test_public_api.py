@@ -37,6 +37,7 @@ PUBLIC = {
     "__version__",
     "make",
     "rewards_differ",
+    "serve",
 }
 
 

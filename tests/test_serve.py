@@ -68,7 +68,9 @@ class Cutter:
         self._handle = server_module.Connection.handle
 
     def handle(self, conn: Any, message: Any) -> None:
-        if not isinstance(message, server_module.Step | server_module.Call):  # sessions opened
+        if not isinstance(
+            message, server_module.StepMsg | server_module.CallMsg
+        ):  # sessions opened
             self._handle(conn, message)
             return
         before = self.rng.random() < self.chance / 2
@@ -169,9 +171,7 @@ def test_partial_stepping_and_the_collector_run_over_a_server(server: Any) -> No
     with aiovec.make(server.url, n, flavour="async", space="box-discrete") as venv:
         policy = lambda obs, ids: np.zeros(len(ids), np.int64)  # noqa: E731
         collector = aiovec.Collector(venv, policy, segment_length=4, batch_size=3, seed=0)
-        batches = 0
-        for batch in collector:
-            batches += 1
+        for batches, batch in enumerate(collector, 1):
             assert batch.rewards.shape == (3, 4)
             if batches == 10:
                 break
@@ -195,8 +195,11 @@ def _hanging_env(gate: Gate) -> Any:
 @pytest.mark.timeout(60)
 def test_a_late_reply_never_reaches_a_later_step(tmp_path: Any) -> None:
     gate = Gate(tmp_path)
-    with aiovec.serve(functools.partial(_hanging_env, gate)) as served_:
-        with aiovec.make(served_.url, 2, step_timeout=0.3) as venv:
+    with (
+        aiovec.serve(functools.partial(_hanging_env, gate)) as served_,
+        aiovec.make(served_.url, 2, step_timeout=0.3) as venv,
+    ):
+        if True:
             oracle_fns = local_fns(2, "box-discrete", 50, 50)
             with oracle_env(oracle_fns) as oracle:
                 venv.reset(seed=4)
@@ -224,9 +227,9 @@ def test_a_wrong_token_is_refused_and_the_right_one_taken() -> None:
 def test_a_public_address_without_a_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(server_module.TOKEN_ENV, raising=False)
     with pytest.raises(ValueError, match="without a token"):
-        aiovec.serve(make_env, host="0.0.0.0")  # noqa: S104  (refused before binding)
+        aiovec.serve(make_env, host="0.0.0.0")
     monkeypatch.setenv(server_module.TOKEN_ENV, "from-the-environment")
-    assert aiovec.serve(make_env, host="0.0.0.0").server.token == "from-the-environment"  # noqa: S104
+    assert aiovec.serve(make_env, host="0.0.0.0").server.token == "from-the-environment"
 
 
 def _raw_ws(url: str) -> socket.socket:
@@ -267,8 +270,11 @@ def test_garbage_closes_that_connection_only(server: Any, payload: bytes) -> Non
 
 
 def test_an_oversized_frame_closes_that_connection_only() -> None:
-    with aiovec.serve(make_env, max_frame=4096) as served_:
-        with aiovec.make(served_.url, 1, space="box-discrete") as venv:
+    with (
+        aiovec.serve(make_env, max_frame=4096) as served_,
+        aiovec.make(served_.url, 1, space="box-discrete") as venv,
+    ):
+        if True:
             venv.reset(seed=0)
             with _raw_ws(served_.url) as sock:
                 sock.sendall(wsclient.mask_frame(b"\x90" + bytes(10000)))
@@ -357,7 +363,7 @@ def test_the_serve_command_prints_its_url_and_serves() -> None:
 def test_the_serve_command_refuses_a_public_address_without_a_token() -> None:
     command = [sys.executable, "-m", "aiovec", "serve", "aiovec.testing:TrivialEnv"]
     done = subprocess.run(
-        [*command, "--host", "0.0.0.0"],  # noqa: S104
+        [*command, "--host", "0.0.0.0"],
         capture_output=True,
         text=True,
         timeout=60,

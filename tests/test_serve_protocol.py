@@ -59,8 +59,8 @@ def test_dtypes_that_could_run_code_or_forge_pointers_are_refused(name):
 
 
 def test_an_object_dtype_extension_from_a_peer_is_refused():
-    forged = codec._ENCODER.encode(  # noqa: SLF001
-        codec.msgspec.msgpack.Ext(codec.EXT_ARRAY, codec._ENCODER.encode(["|O", [1], b"\0" * 8]))  # noqa: SLF001
+    forged = codec._ENCODER.encode(
+        codec.msgspec.msgpack.Ext(codec.EXT_ARRAY, codec._ENCODER.encode(["|O", [1], b"\0" * 8]))
     )
     with pytest.raises(ValueError, match="dtype"):
         codec.unpackb(forged)
@@ -117,14 +117,24 @@ def test_malformed_frames_are_refused(frame):
 
 
 def test_messages_round_trip():
-    step = protocol.Step(2, 1, protocol.envs_bytes([0, 2]), "NextStep", b"\0\1", {}, b"ab", None, False, True, 1.5)
-    frame = protocol.encode([protocol.Hello(1, [(1, "t")]), step, protocol.Ping(0.5)])
-    assert protocol.decode_client(frame) == [protocol.Hello(1, [(1, "t")]), step, protocol.Ping(0.5)]
+    step = protocol.StepMsg(
+        2, 1, protocol.envs_bytes([0, 2]), "NextStep", b"\0\1", {}, b"ab", None, False, True, 1.5
+    )
+    frame = protocol.encode([protocol.HelloMsg(1, [(1, "t")]), step, protocol.PingMsg(0.5)])
+    assert protocol.decode_client(frame) == [
+        protocol.HelloMsg(1, [(1, "t")]),
+        step,
+        protocol.PingMsg(0.5),
+    ]
 
 
 @pytest.mark.parametrize(
     ("data", "limit", "message"),
-    [(b"\0\0\0", 4, "whole number"), (protocol.envs_bytes([5]), 4, "out of range"), (protocol.envs_bytes([1, 1]), 4, "twice")],
+    [
+        (b"\0\0\0", 4, "whole number"),
+        (protocol.envs_bytes([5]), 4, "out of range"),
+        (protocol.envs_bytes([1, 1]), 4, "twice"),
+    ],
 )
 def test_env_indices_are_checked(data, limit, message):
     with pytest.raises(ValueError, match=message):
@@ -147,7 +157,19 @@ def test_actions_and_resets_cross_the_wire_unchanged(name):
     layouts = protocol.Layouts(action_space)
     raw, values = steps.pack_actions(op, layouts)
     resets, autoresets = steps.pack_resets(op)
-    message = protocol.Step(2, 1, protocol.envs_bytes([0, 1, 2]), "NextStep", resets, autoresets, raw, values, False, False, None)
+    message = protocol.StepMsg(
+        2,
+        1,
+        protocol.envs_bytes([0, 1, 2]),
+        "NextStep",
+        resets,
+        autoresets,
+        raw,
+        values,
+        False,
+        False,
+        None,
+    )
     back = protocol.decode_client(protocol.encode([message]))[0]
     actions, _ = steps.actions_of(back, 3, layouts)
     assert_same(list(actions), list(op.actions))
@@ -156,7 +178,9 @@ def test_actions_and_resets_cross_the_wire_unchanged(name):
 
 def test_actions_that_do_not_lay_out_are_refused():
     layouts = protocol.Layouts(spaces.Box(0, 1, (2,), np.float32))
-    message = protocol.Step(2, 1, b"", "NextStep", b"\0", {}, b"\0" * 5, None, False, False, None)
+    message = protocol.StepMsg(
+        2, 1, b"", "NextStep", b"\0", {}, b"\0" * 5, None, False, False, None
+    )
     with pytest.raises(ValueError, match="do not lay out"):
         steps.actions_of(message, 1, layouts)
 

@@ -80,7 +80,8 @@ from aiovec._cli.args import int_list, json_object, positive_float, positive_int
 from aiovec._cli.memory import PeakMemory
 from aiovec._cli.partial import collector_shape, measure_collector
 from aiovec._cli.report import Progress, StepTimes, format_table, large_n_advice
-from aiovec._core.validate import BACKENDS, usable_cpus
+from aiovec._core.validate import BACKENDS as ALL_BACKENDS
+from aiovec._core.validate import usable_cpus
 from aiovec.backends import load_backend
 from aiovec.backends._base import check_env
 
@@ -229,6 +230,8 @@ def merge(parts: Sequence[Result]) -> Result:
         errors[0] if errors else None,
     )
 
+
+BACKENDS = tuple(name for name in ALL_BACKENDS if name != "remote")  # its envs: a server's
 
 # --------------------------------------------------------------------------- load and probe
 

@@ -125,7 +125,9 @@ def _pack_array(array: np.ndarray) -> msgspec.msgpack.Ext:
     if array.dtype.kind not in _SAFE_KINDS or array.dtype.fields is not None:
         raise TypeError(f"an array of dtype {array.dtype} cannot be sent over the wire")
     data = np.ascontiguousarray(array).tobytes()
-    return msgspec.msgpack.Ext(EXT_ARRAY, _ENCODER.encode([array.dtype.str, list(array.shape), data]))
+    return msgspec.msgpack.Ext(
+        EXT_ARRAY, _ENCODER.encode([array.dtype.str, list(array.shape), data])
+    )
 
 
 def _ext(code: int, data: memoryview) -> Any:
@@ -198,8 +200,10 @@ def ext_hook() -> Callable[[int, memoryview], Any]:
 
 
 def space_to_data(space: spaces.Space[Any]) -> dict[str, Any]:
-    """A gymnasium space as data: Box, Discrete, MultiDiscrete, MultiBinary, Text, and
-    Dict, Tuple, Sequence, Graph and OneOf of them.
+    """A gymnasium space as data.
+
+    Box, Discrete, MultiDiscrete, MultiBinary, Text, and Dict, Tuple, Sequence,
+    Graph and OneOf of them.
 
     Raises:
         TypeError: Another kind of space.
@@ -330,7 +334,7 @@ def _exception_class(module: object, qualname: object) -> type[Exception] | None
         return None
     owner: Any = builtins if module == "builtins" else sys.modules.get(module)
     for part in qualname.split("."):
-        if owner is None or part.startswith("_") and part != qualname.split(".")[-1]:
+        if owner is None or (part.startswith("_") and part != qualname.split(".")[-1]):
             return None
         owner = getattr(owner, part, None)
     if isinstance(owner, type) and issubclass(owner, Exception):

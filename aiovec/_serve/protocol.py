@@ -31,25 +31,25 @@ from aiovec._serve.codec import ext_hook
 
 __all__ = (
     "PROTOCOL",
-    "Busy",
-    "Call",
-    "CallReply",
-    "Cancel",
+    "BusyMsg",
+    "CallMsg",
+    "CallReplyMsg",
+    "CancelMsg",
     "ClientMessage",
-    "Close",
-    "Failed",
-    "Gone",
-    "Hello",
+    "CloseMsg",
+    "FailedMsg",
+    "GoneMsg",
+    "HelloMsg",
     "Layouts",
-    "Open",
-    "Opened",
-    "Ping",
-    "Pong",
-    "Rebuild",
+    "OpenMsg",
+    "OpenedMsg",
+    "PingMsg",
+    "PongMsg",
+    "RebuildMsg",
     "ServerMessage",
-    "Step",
+    "StepMsg",
     "StepPart",
-    "Welcome",
+    "WelcomeMsg",
     "decode_client",
     "decode_server",
     "encode",
@@ -68,14 +68,14 @@ class _Msg(msgspec.Struct, array_like=True, tag_field="kind", omit_defaults=Fals
 # --------------------------------------------------------------------------- client -> server
 
 
-class Hello(_Msg, tag="hello"):
+class HelloMsg(_Msg, tag="hello"):
     """The first message of a connection; ``resume`` lists ``[group, token]`` to take back."""
 
     version: int
     resume: list[tuple[int, str]] = []
 
 
-class Open(_Msg, tag="open"):
+class OpenMsg(_Msg, tag="open"):
     """Open ``count`` sessions as group ``group``; ``kwargs[k]``: session k's factory keywords."""
 
     rid: int
@@ -84,11 +84,14 @@ class Open(_Msg, tag="open"):
     kwargs: list[Any]
 
 
-class Step(_Msg, tag="step"):
-    """Step ``envs``: ``resets`` (a bool per env: reset instead of stepping, NEXT_STEP),
+class StepMsg(_Msg, tag="step"):
+    """Step ``envs`` (one request; docs/serve.md says what each field holds).
+
+    ``resets`` (a bool per env: reset instead of stepping, NEXT_STEP),
     ``autoresets`` (``{k: [now, seed, options]}``: the k-th env's autoreset is that reset),
     the actions as ``actions`` (raw, laid out) or ``action_values`` (one value per env);
-    ``stream``: answer as envs finish; ``deadline``: seconds the server may take."""
+    ``stream``: answer as envs finish; ``deadline``: seconds the server may take.
+    """
 
     rid: int
     group: int
@@ -103,7 +106,7 @@ class Step(_Msg, tag="step"):
     deadline: float | None
 
 
-class Call(_Msg, tag="call"):
+class CallMsg(_Msg, tag="call"):
     """One call per env of ``envs`` (``calls[k]``: ``[kind, ...]``, see `aiovec._serve.server`)."""
 
     rid: int
@@ -114,7 +117,7 @@ class Call(_Msg, tag="call"):
     deadline: float | None
 
 
-class Cancel(_Msg, tag="cancel"):
+class CancelMsg(_Msg, tag="cancel"):
     """Stop ``envs``' part of request ``rid`` (its answer for them is dropped by the client)."""
 
     group: int
@@ -122,7 +125,7 @@ class Cancel(_Msg, tag="cancel"):
     envs: bytes
 
 
-class Rebuild(_Msg, tag="rebuild"):
+class RebuildMsg(_Msg, tag="rebuild"):
     """Close and rebuild ``envs`` from the factory (answered by a `CallReply`)."""
 
     rid: int
@@ -130,26 +133,26 @@ class Rebuild(_Msg, tag="rebuild"):
     envs: bytes
 
 
-class Close(_Msg, tag="close"):
+class CloseMsg(_Msg, tag="close"):
     """Close every session of the group (answered by a `CallReply` of close errors)."""
 
     rid: int
     group: int
 
 
-class Ping(_Msg, tag="ping"):
+class PingMsg(_Msg, tag="ping"):
     """A heartbeat; answered by a `Pong` with the same ``at``."""
 
     at: float
 
 
-ClientMessage = Hello | Open | Step | Call | Cancel | Rebuild | Close | Ping
+ClientMessage = HelloMsg | OpenMsg | StepMsg | CallMsg | CancelMsg | RebuildMsg | CloseMsg | PingMsg
 
 
 # --------------------------------------------------------------------------- server -> client
 
 
-class Welcome(_Msg, tag="welcome"):
+class WelcomeMsg(_Msg, tag="welcome"):
     """The answer to `Hello`: limits, and for each group asked to resume ``""`` or why not."""
 
     version: int
@@ -161,11 +164,12 @@ class Welcome(_Msg, tag="welcome"):
     resumed: dict[int, str]
 
 
-class Opened(_Msg, tag="opened"):
+class OpenedMsg(_Msg, tag="opened"):
     """Group ``group`` is open: its resume ``token`` and its envs' traits.
 
     ``observation_spaces``/``action_spaces`` hold only the envs whose space is not
-    the first one's (``{k: space}``)."""
+    the first one's (``{k: space}``).
+    """
 
     rid: int
     group: int
@@ -179,9 +183,12 @@ class Opened(_Msg, tag="opened"):
 
 
 class StepPart(_Msg, tag="part"):
-    """Results of some envs of a step: ``envs`` (rows), laid out in ``obs``/``rewards``/...,
+    """Results of some envs of a step.
+
+    ``envs`` (rows), laid out in ``obs``/``rewards``/...,
     ``infos``/``finals`` by env index (only those not empty), ``singles`` (whole transitions
-    as values: what the rows cannot hold) and ``errors`` (error data) by env index."""
+    as values: what the rows cannot hold) and ``errors`` (error data) by env index.
+    """
 
     rid: int
     group: int
@@ -197,7 +204,7 @@ class StepPart(_Msg, tag="part"):
     errors: dict[int, Any]
 
 
-class CallReply(_Msg, tag="reply"):
+class CallReplyMsg(_Msg, tag="reply"):
     """Results (values) and errors (error data) by env index of a call, rebuild or close."""
 
     rid: int
@@ -206,7 +213,7 @@ class CallReply(_Msg, tag="reply"):
     errors: dict[int, Any]
 
 
-class Failed(_Msg, tag="failed"):
+class FailedMsg(_Msg, tag="failed"):
     """Request ``rid`` (``0``: the frame) was refused as a whole; ``error`` says why."""
 
     rid: int
@@ -214,31 +221,33 @@ class Failed(_Msg, tag="failed"):
     error: Any
 
 
-class Busy(_Msg, tag="busy"):
+class BusyMsg(_Msg, tag="busy"):
     """Request ``rid`` was not taken (the connection's window is full): send it again later."""
 
     rid: int
     group: int
 
 
-class Pong(_Msg, tag="pong"):
+class PongMsg(_Msg, tag="pong"):
     """The answer to a `Ping`."""
 
     at: float
 
 
-class Gone(_Msg, tag="gone"):
+class GoneMsg(_Msg, tag="gone"):
     """The server closed group ``group``'s sessions; ``reason`` says why."""
 
     group: int
     reason: str
 
 
-ServerMessage = Welcome | Opened | StepPart | CallReply | Failed | Busy | Pong | Gone
+ServerMessage = (
+    WelcomeMsg | OpenedMsg | StepPart | CallReplyMsg | FailedMsg | BusyMsg | PongMsg | GoneMsg
+)
 
 _ENCODER = msgspec.msgpack.Encoder()
-_CLIENT = msgspec.msgpack.Decoder(list[ClientMessage], ext_hook=ext_hook())  # type: ignore[arg-type]
-_SERVER = msgspec.msgpack.Decoder(list[ServerMessage], ext_hook=ext_hook())  # type: ignore[arg-type]
+_CLIENT = msgspec.msgpack.Decoder(list[ClientMessage], ext_hook=ext_hook())
+_SERVER = msgspec.msgpack.Decoder(list[ServerMessage], ext_hook=ext_hook())
 
 
 def encode(messages: list[Any]) -> bytes:

@@ -41,7 +41,6 @@ import contextlib
 import functools
 import hmac
 import ipaddress
-import logging
 import os
 import secrets
 import threading
@@ -52,7 +51,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from aiovec._core import validate
@@ -66,28 +64,27 @@ from aiovec._core.calls import (
     SetAttr,
 )
 from aiovec._core.ops import CallOp, StepOp
-from aiovec._log import logger, say_envs
+from aiovec._log import logger
 from aiovec._serve import codec
 from aiovec._serve.protocol import (
     PROTOCOL,
-    Busy,
-    Call,
-    CallReply,
-    Cancel,
+    BusyMsg,
+    CallMsg,
+    CallReplyMsg,
+    CancelMsg,
     ClientMessage,
-    Close,
-    Failed,
-    Gone,
-    Hello,
+    CloseMsg,
+    FailedMsg,
+    GoneMsg,
+    HelloMsg,
     Layouts,
-    Open,
-    Opened,
-    Ping,
-    Pong,
-    Rebuild,
-    Step,
-    StepPart,
-    Welcome,
+    OpenedMsg,
+    OpenMsg,
+    PingMsg,
+    PongMsg,
+    RebuildMsg,
+    StepMsg,
+    WelcomeMsg,
     decode_client,
     encode,
     envs_of,
@@ -120,7 +117,7 @@ def _is_local(host: str) -> bool:
 
 
 @dataclass(eq=False)
-class Request:
+class GroupRequest:
     """A request of a group: its envs, what is left of it, what was answered."""
 
     rid: int
@@ -153,10 +150,10 @@ class Group:
         self.packer = ResultPacker(traits.observation_spaces[0])
         self.conn: Connection | None = conn
         self.seen = 0
-        self.requests: dict[int, Request] = {}
-        self.queue: deque[Request] = deque()
-        self.owner: list[Request | None] = [None] * self.count
-        self.last: list[Request | None] = [None] * self.count
+        self.requests: dict[int, GroupRequest] = {}
+        self.queue: deque[GroupRequest] = deque()
+        self.owner: list[GroupRequest | None] = [None] * self.count
+        self.last: list[GroupRequest | None] = [None] * self.count
         self.busy = False  # an async request (rebuild, close) is running
         self.pump: asyncio.Task[None] | None = None
         self.expiry: asyncio.TimerHandle | None = None
@@ -164,7 +161,7 @@ class Group:
 
     # -- requests in -------------------------------------------------------------------
 
-    def take(self, request: Request) -> None:
+    def take(self, request: GroupRequest) -> None:
         """A new request: remember it, let the answers it supersedes go, run it when it can."""
         self.seen = request.rid
         self.requests[request.rid] = request
@@ -178,7 +175,7 @@ class Group:
         self.queue.append(request)
         self.run_queue()
 
-    def _forget_if_acked(self, request: Request) -> None:
+    def _forget_if_acked(self, request: GroupRequest) -> None:
         if request.done and request.unacked <= 0:
             self.requests.pop(request.rid, None)
 
@@ -186,9 +183,15 @@ class Group:
         """Request ``rid`` came again (after a reconnect): what was answered, the rest later."""
         request = self.requests.get(rid)
         if request is None:
-            conn.send(Failed(rid, self.gid, codec.error_to_data(
-                RuntimeError(f"request {rid} was answered and acknowledged already")
-            )))
+            conn.send(
+                FailedMsg(
+                    rid,
+                    self.gid,
+                    codec.error_to_data(
+                        RuntimeError(f"request {rid} was answered and acknowledged already")
+                    ),
+                )
+            )
             return
         for part in request.parts:
             conn.send(part)
@@ -208,7 +211,7 @@ class Group:
                 return
             self._launch(request)
 
-    def _launch(self, request: Request) -> None:
+    def _launch(self, request: GroupRequest) -> None:
         try:
             op = self._op(request)
         except (ValueError, TypeError) as exc:
@@ -222,14 +225,14 @@ class Group:
         except BaseException as exc:  # an env raised SystemExit or KeyboardInterrupt
             for i in request.envs:
                 if i not in self.backend.pending:
-                    self.backend._errors.setdefault(i, exc)  # noqa: SLF001
+                    self.backend._errors.setdefault(i, exc)
             if not isinstance(exc, Exception):
                 logger.warning("an env of group %s raised %r; reported as its error", self.gid, exc)
         self.deliver(*self.backend.take())
         if self.backend.pending and self.pump is None:
             self.pump = self.server.spawn(self._collect())
 
-    def _op(self, request: Request) -> StepOp | CallOp:
+    def _op(self, request: GroupRequest) -> StepOp | CallOp:
         message = request.message
         count = len(request.envs)
         if request.kind == "step":
@@ -248,26 +251,26 @@ class Group:
             raise ValueError(f"calls: expected {count}, got {len(message.calls)}")
         return CallOp([call_of(c) for c in message.calls], message.name)
 
-    def _refuse(self, request: Request, error: Exception) -> None:
+    def _refuse(self, request: GroupRequest, error: Exception) -> None:
         request.done = True
-        failed = Failed(request.rid, self.gid, codec.error_to_data(error))
+        failed = FailedMsg(request.rid, self.gid, codec.error_to_data(error))
         request.parts.append(failed)
         self.send(failed)
         self._forget_if_acked(request)
         self.run_queue()
 
-    async def _run_async(self, request: Request) -> None:
+    async def _run_async(self, request: GroupRequest) -> None:
         backend = self.backend
         try:
             if request.kind == "rebuild":
                 errors = await backend.rebuild(request.envs)
             else:
                 errors = await self.server.close_group(self, "closed by the client")
-            reply = CallReply(
+            reply = CallReplyMsg(
                 request.rid, self.gid, {}, {i: codec.error_to_data(e) for i, e in errors.items()}
             )
         except Exception as exc:
-            reply = CallReply(
+            reply = CallReplyMsg(
                 request.rid, self.gid, {}, {i: codec.error_to_data(exc) for i in request.envs}
             )
         request.done = True
@@ -323,7 +326,7 @@ class Group:
 
     def deliver(self, results: Any, errors: dict[int, BaseException]) -> None:
         """Hand each env's outcome to its request; answer the requests that are due."""
-        touched: dict[int, Request] = {}
+        touched: dict[int, GroupRequest] = {}
         for i in results:
             request = self.owner[i]
             if request is not None and i in request.left:
@@ -333,9 +336,12 @@ class Group:
         for i, error in errors.items():
             request = self.owner[i]
             if request is not None and i in request.left:
-                if i in request.late and isinstance(error, asyncio.CancelledError):
-                    error = TimeoutError(f"env {i} did not answer within the request's deadline")
-                request.errors[i] = error
+                late = i in request.late and isinstance(error, asyncio.CancelledError)
+                request.errors[i] = (
+                    TimeoutError(f"env {i} did not answer within the request's deadline")
+                    if late
+                    else error
+                )
                 request.left.discard(i)
                 touched[request.rid] = request
         for request in touched.values():
@@ -344,7 +350,7 @@ class Group:
         if any(request.done for request in touched.values()):
             self.run_queue()
 
-    def _answer(self, request: Request) -> None:
+    def _answer(self, request: GroupRequest) -> None:
         done = not request.left
         values, errors = request.values, request.errors
         request.values, request.errors = {}, {}
@@ -361,7 +367,9 @@ class Group:
             self._forget_if_acked(request)
         self.send(message)
 
-    def _call_reply(self, request: Request, values: dict[int, Any], errors: dict[int, Any]) -> CallReply:
+    def _call_reply(
+        self, request: GroupRequest, values: dict[int, Any], errors: dict[int, Any]
+    ) -> CallReplyMsg:
         packed: dict[int, Any] = {}
         error_data = {i: codec.error_to_data(e) for i, e in errors.items()}
         for i, value in values.items():
@@ -369,7 +377,7 @@ class Group:
                 packed[i] = codec.pack(value)
             except TypeError as exc:
                 error_data[i] = codec.error_to_data(exc)
-        return CallReply(request.rid, self.gid, packed, error_data)
+        return CallReplyMsg(request.rid, self.gid, packed, error_data)
 
     def send(self, message: Any) -> None:
         """Send ``message`` on the group's connection, if it has one (else it waits in parts)."""
@@ -494,58 +502,58 @@ class Connection:
 
     def handle(self, message: ClientMessage) -> None:
         """Act on one message of the client's."""
-        if isinstance(message, Ping):
-            self.send(Pong(message.at))
+        if isinstance(message, PingMsg):
+            self.send(PongMsg(message.at))
             return
-        if isinstance(message, Hello):
+        if isinstance(message, HelloMsg):
             raise ValueError("a second hello on one connection")
-        if isinstance(message, Open):
+        if isinstance(message, OpenMsg):
             self._open(message)
             return
         group = self.groups.get(message.group)
         if group is None:
             rid = getattr(message, "rid", 0)
             error = ValueError(f"no group {message.group} on this connection")
-            self.send(Failed(rid, message.group, codec.error_to_data(error)))
+            self.send(FailedMsg(rid, message.group, codec.error_to_data(error)))
             return
-        if isinstance(message, Cancel):
-            try:
+        if isinstance(message, CancelMsg):
+            with contextlib.suppress(ValueError):  # a cancel of nothing known: nothing to do
                 group.cancel(message.rid, envs_of(message.envs, group.count))
-            except ValueError:
-                pass
             return
         if message.rid <= group.seen:
             group.again(message.rid, self)
             return
         if message.rid != group.seen + 1 or self.in_the_works() >= self.server.window:
             # (a request before it was refused as busy: it comes again, and this one after it)
-            self.send(Busy(message.rid, group.gid))
+            self.send(BusyMsg(message.rid, group.gid))
             return
         try:
             group.take(self._request(message, group))
         except ValueError as exc:
             group.seen = message.rid
-            failed = Failed(message.rid, group.gid, codec.error_to_data(exc))
+            failed = FailedMsg(message.rid, group.gid, codec.error_to_data(exc))
             self.send(failed)
 
-    def _request(self, message: Step | Call | Rebuild | Close, group: Group) -> Request:
+    def _request(
+        self, message: StepMsg | CallMsg | RebuildMsg | CloseMsg, group: Group
+    ) -> GroupRequest:
         deadline = None
-        if isinstance(message, Close):
-            return Request(message.rid, list(range(group.count)), "close", message)
+        if isinstance(message, CloseMsg):
+            return GroupRequest(message.rid, list(range(group.count)), "close", message)
         envs = envs_of(message.envs, group.count)
-        if isinstance(message, Rebuild):
-            return Request(message.rid, envs, "rebuild", message)
+        if isinstance(message, RebuildMsg):
+            return GroupRequest(message.rid, envs, "rebuild", message)
         if message.deadline is not None:
             deadline = time.monotonic() + max(0.0, float(message.deadline))
-        if isinstance(message, Step):
-            return Request(message.rid, envs, "step", message, message.stream, deadline)
-        return Request(message.rid, envs, "call", message, False, deadline)
+        if isinstance(message, StepMsg):
+            return GroupRequest(message.rid, envs, "step", message, message.stream, deadline)
+        return GroupRequest(message.rid, envs, "call", message, False, deadline)
 
-    def _open(self, message: Open) -> None:
+    def _open(self, message: OpenMsg) -> None:
         server = self.server
         if message.group in self.groups:
             error: Exception = ValueError(f"group {message.group} is open already")
-        elif not 1 <= message.count or self.sessions + message.count > server.max_sessions:
+        elif not message.count >= 1 or self.sessions + message.count > server.max_sessions:
             error = ValueError(
                 f"{message.count} more sessions would be over this server's limit of "
                 f"{server.max_sessions} per connection ({self.sessions} open)"
@@ -558,16 +566,16 @@ class Connection:
             self.sessions += message.count
             server.spawn(self._build(message))
             return
-        self.send(Failed(message.rid, message.group, codec.error_to_data(error)))
+        self.send(FailedMsg(message.rid, message.group, codec.error_to_data(error)))
 
-    async def _build(self, message: Open) -> None:
+    async def _build(self, message: OpenMsg) -> None:
         server = self.server
         fns = [functools.partial(server.factory, **kwargs) for kwargs in message.kwargs]
         try:
             backend = await server.open_backend(fns)
         except Exception as exc:
             self.sessions -= message.count
-            self.send(Failed(message.rid, message.group, codec.error_to_data(exc)))
+            self.send(FailedMsg(message.rid, message.group, codec.error_to_data(exc)))
             return
         group = Group(server, message.group, backend, self)
         if self.ws.closed:  # the client went away meanwhile: the sessions wait for it
@@ -577,7 +585,7 @@ class Connection:
         traits = backend.traits
         first_obs, first_act = traits.observation_spaces[0], traits.action_spaces[0]
         try:
-            opened = Opened(
+            opened = OpenedMsg(
                 message.rid,
                 message.group,
                 group.token,
@@ -590,11 +598,14 @@ class Connection:
             )
         except TypeError as exc:
             await server.close_group(group, "its spaces cannot be described")
-            self.send(Failed(message.rid, message.group, codec.error_to_data(exc)))
+            self.send(FailedMsg(message.rid, message.group, codec.error_to_data(exc)))
             return
         group.seen = message.rid
         logger.info(
-            "aiovec serve: opened group %s: %d sessions for %s", message.group, message.count, self.peer
+            "aiovec serve: opened group %s: %d sessions for %s",
+            message.group,
+            message.count,
+            self.peer,
         )
         self.send(opened)
 
@@ -658,7 +669,9 @@ class Server:
         window: int = WINDOW,
     ) -> None:
         if not callable(factory):
-            raise TypeError(f"factory must be a callable that builds an env, got {validate.describe(factory)}")
+            raise TypeError(
+                f"factory must be a callable that builds an env, got {validate.describe(factory)}"
+            )
         validate.check_choice("backend", backend, SERVER_BACKENDS)
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
@@ -727,7 +740,7 @@ class Server:
             group.conn.groups.pop(group.gid, None)
             group.conn.sessions -= group.count
             if reason != "closed by the client":
-                group.conn.send(Gone(group.gid, self.gone[group.token]))
+                group.conn.send(GoneMsg(group.gid, self.gone[group.token]))
         pump = group.pump
         if pump is not None:
             pump.cancel()
@@ -737,7 +750,9 @@ class Server:
             errors = await group.backend.aclose()
         except Exception as exc:
             errors = dict.fromkeys(range(group.count), exc)
-        logger.info("aiovec serve: closed group %s (%d sessions): %s", group.gid, group.count, reason)
+        logger.info(
+            "aiovec serve: closed group %s (%d sessions): %s", group.gid, group.count, reason
+        )
         return errors
 
     async def start(self) -> None:
@@ -753,7 +768,7 @@ class Server:
             await runner.cleanup()
             raise
         self._runner = runner
-        server = site._server  # noqa: SLF001  (the bound port, when port 0 was asked)
+        server = site._server
         assert server is not None
         port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -836,14 +851,14 @@ class Server:
                 return
 
     def _hello(self, conn: Connection, messages: list[ClientMessage]) -> None:
-        if not messages or not isinstance(messages[0], Hello):
+        if not messages or not isinstance(messages[0], HelloMsg):
             raise ValueError("the first message must be a hello")
         hello = messages[0]
         if hello.version != PROTOCOL:
             raise ValueError(f"protocol {hello.version} (this server speaks {PROTOCOL})")
         resumed = {gid: conn.resume(gid, token) for gid, token in hello.resume}
         conn.send(
-            Welcome(
+            WelcomeMsg(
                 PROTOCOL,
                 self.window,
                 self.max_frame,
@@ -953,10 +968,9 @@ async def _off_loop(fn: Callable[[], None]) -> None:
         try:
             fn()
         except BaseException as exc:  # handed to the caller's loop
-            error = exc
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(error))
+            loop.call_soon_threadsafe(_settle, done, exc)
         else:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+            loop.call_soon_threadsafe(_settle, done, None)
 
     thread = threading.Thread(target=run, name="aiovec-serve-control", daemon=True)
     thread.start()
@@ -964,3 +978,12 @@ async def _off_loop(fn: Callable[[], None]) -> None:
         await asyncio.shield(done)
     finally:
         thread.join()
+
+
+def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)

@@ -25,14 +25,13 @@ from aiovec._core.calls import Autoreset, Reset
 from aiovec._core.layout import Layout
 from aiovec._core.ops import StepOp
 from aiovec._serve import codec
-from aiovec._serve.protocol import Layouts, Step, StepPart, envs_bytes
+from aiovec._serve.protocol import Layouts, StepMsg, StepPart, envs_bytes
 
 __all__ = (
-    "Rows",
+    "WireRows",
     "actions_of",
     "pack_actions",
     "pack_resets",
-    "pack_results",
     "resets_of",
     "rows_of",
 )
@@ -51,7 +50,7 @@ def pack_actions(op: StepOp, layouts: Layouts) -> tuple[bytes | None, list[Any] 
     return None, [codec.pack(action) for action in op.actions]
 
 
-def actions_of(message: Step, count: int, layouts: Layouts) -> tuple[list[Any], Any]:
+def actions_of(message: StepMsg, count: int, layouts: Layouts) -> tuple[list[Any], Any]:
     """Each env's action of a `Step`, and the batch they came in (``None``: one by one).
 
     Raises:
@@ -83,16 +82,16 @@ def _copied(batch: Any) -> Any:
 
 def pack_resets(op: StepOp) -> tuple[bytes, dict[int, Any]]:
     """``(resets, autoresets)`` of a step op: a flag per env, and the autoresets with options."""
-    flags = op.reset_first
+    flags: Sequence[Any] = op.reset_first
     autoresets = {
         k: [bool(first), first.call.seed, codec.pack(first.call.options)]
         for k, first in enumerate(flags)
-        if type(first) is Autoreset
+        if isinstance(first, Autoreset)
     }
     return np.array([bool(f) for f in flags], dtype=_B1).tobytes(), autoresets
 
 
-def resets_of(message: Step, count: int) -> list[Any]:
+def resets_of(message: StepMsg, count: int) -> list[Any]:
     """Each env's ``reset_first`` of a `Step` (a bool, or an `Autoreset` with its options).
 
     Raises:
@@ -143,7 +142,7 @@ def validate_options(options: object) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- results
 
 
-class Rows(NamedTuple):
+class WireRows(NamedTuple):
     """The rows of a `StepPart`, decoded without a copy (read-only views of the frame)."""
 
     envs: np.ndarray
@@ -159,10 +158,13 @@ def _fitter(space: spaces.Space[Any]) -> Callable[[Sequence[Any], Layout, Any], 
         shape, dtype = space.shape, space.dtype
 
         def fit_box(observations: Sequence[Any], layout: Layout, views: Any) -> list[bool]:
-            ok = [type(o) is np.ndarray and o.dtype == dtype and o.shape == shape for o in observations]
+            ok = [
+                type(o) is np.ndarray and o.dtype == dtype and o.shape == shape
+                for o in observations
+            ]
             if all(ok):
                 if observations:
-                    np.stack(observations, out=views)  # type: ignore[call-overload]
+                    np.stack(observations, out=views)
                 return ok
             for k, fits in enumerate(ok):
                 if fits:
@@ -221,8 +223,8 @@ class ResultPacker:
         values = list(transitions.values())
         layout = self.layouts(len(envs)) if envs else None
         if layout is None:
-            singles = self._singles(envs, values, error_data)
-            return _part(rid, group, done, [], b"", [], {}, {}, singles, error_data)
+            alone = self._singles(envs, values, error_data)
+            return _part(rid, group, done, [], b"", [], {}, {}, alone, error_data)
         buffer = bytearray(layout.end)
         fits = self._fit([t[0] for t in values], layout, layout.views(buffer))
         fits = [
@@ -262,14 +264,16 @@ class ResultPacker:
         return singles
 
 
-def _copy_leaves(target: Layout, out: bytearray, source: Layout, buffer: bytearray, keep: list[int]) -> None:
+def _copy_leaves(
+    target: Layout, out: bytearray, source: Layout, buffer: bytearray, keep: list[int]
+) -> None:
     for to, came in zip(target.leaves, source.leaves, strict=True):
         dst = np.ndarray(to.shape, to.dtype, buffer=out, offset=to.offset)
         src = np.ndarray(came.shape, came.dtype, buffer=buffer, offset=came.offset)
         dst[...] = src[keep]
 
 
-def _part(  # noqa: PLR0913, PLR0917
+def _part(  # noqa: PLR0917
     rid: int,
     group: int,
     done: bool,
@@ -297,7 +301,7 @@ def _part(  # noqa: PLR0913, PLR0917
     )
 
 
-def rows_of(part: StepPart, layouts: Layouts) -> Rows | None:
+def rows_of(part: StepPart, layouts: Layouts) -> WireRows | None:
     """The rows of a part, as views of its bytes (``None``: it has none).
 
     Raises:
@@ -316,7 +320,7 @@ def rows_of(part: StepPart, layouts: Layouts) -> Rows | None:
         or len(part.truncations) != count
     ):
         raise ValueError(f"a step part whose rows do not hold its {count} envs")
-    return Rows(
+    return WireRows(
         envs,
         layout.views(part.obs),
         np.frombuffer(part.rewards, _F8),

@@ -142,7 +142,11 @@ def connect_blocking(url: str, token: str | None, timeout: float) -> tuple[socke
     return sock, rest
 
 
-async def connect_async(url: str, token: str | None, timeout: float) -> tuple[socket.socket, bytes]:
+async def connect_async(
+    url: str,
+    token: str | None,
+    timeout: float,  # noqa: ASYNC109  (a connect and handshake: the bound of both)
+) -> tuple[socket.socket, bytes]:
     """`connect_blocking` on the running loop (a reconnect)."""
     host, port, path = parse_url(url)
     loop = asyncio.get_running_loop()

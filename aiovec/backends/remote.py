@@ -60,23 +60,23 @@ try:
     from aiovec._serve import wsclient as ws
     from aiovec._serve.protocol import (
         PROTOCOL,
-        Busy,
-        Call,
-        CallReply,
-        Cancel,
-        Close,
-        Failed,
-        Gone,
-        Hello,
+        BusyMsg,
+        CallMsg,
+        CallReplyMsg,
+        CancelMsg,
+        CloseMsg,
+        FailedMsg,
+        GoneMsg,
+        HelloMsg,
         Layouts,
-        Open,
-        Opened,
-        Ping,
-        Pong,
-        Rebuild,
-        Step,
+        OpenedMsg,
+        OpenMsg,
+        PingMsg,
+        PongMsg,
+        RebuildMsg,
+        StepMsg,
         StepPart,
-        Welcome,
+        WelcomeMsg,
         decode_server,
         encode,
         envs_bytes,
@@ -113,6 +113,7 @@ class Remote:
         codec.pack(self.kwargs)  # plain data only: refused here, not on the server
 
     def __call__(self) -> Any:
+        """Refuse: the env is built on the server."""
         raise TypeError(
             f"this env is a session on the aiovec server at {self.url}: only "
             'backend="remote" opens it (aiovec.make(url, num_envs) sets that up)'
@@ -156,12 +157,14 @@ class RemoteBackend(Backend):
         super().__init__(env_fns, num_workers, limiter)
         options = dict(options or {})
         self._slots = None if limiter is None else Slots(limiter, self._dispatch, self._queue)
-        self._ops: dict[int, tuple[Op, int]] = {}  # env -> its op and place, while it waits for a slot
+        self._ops: dict[
+            int, tuple[Op, int]
+        ] = {}  # env -> its op and place, while it waits for a slot
         self.url, kwargs = _sessions(env_fns, options.get("url"))
         self.token = _optional_str("token", options.get("token"))
-        self.connect_timeout = validate.check_timeout(
-            "connect_timeout", options.get("connect_timeout", 10.0)
-        ) or 10.0
+        self.connect_timeout = (
+            validate.check_timeout("connect_timeout", options.get("connect_timeout", 10.0)) or 10.0
+        )
         self.deadline = validate.check_timeout("deadline", options.get("deadline"))
         self._loop = asyncio.get_running_loop()
         self._rid = 0
@@ -193,7 +196,10 @@ class RemoteBackend(Backend):
                 raise PermissionError(f"the aiovec server at {self.url} refused: {exc}") from None
             raise
         self._rid = 1
-        opening = [Hello(PROTOCOL), Open(1, GROUP, self.num_envs, [codec.pack(k) for k in kwargs])]
+        opening = [
+            HelloMsg(PROTOCOL),
+            OpenMsg(1, GROUP, self.num_envs, [codec.pack(k) for k in kwargs]),
+        ]
         try:
             sock.setblocking(True)
             sock.sendall(ws.mask_frame(encode(opening)))
@@ -208,17 +214,19 @@ class RemoteBackend(Backend):
         self.traits = _traits(opened, self.num_envs)
         self._obs_layouts = Layouts(self.traits.observation_spaces[0])
         self._act_layouts = Layouts(self.traits.action_spaces[0])
-        layout = StepLayout.of(self.traits.observation_spaces[0], self.traits.action_spaces[0], self.num_envs)
+        layout = StepLayout.of(
+            self.traits.observation_spaces[0], self.traits.action_spaces[0], self.num_envs
+        )
         self._arrays: StepArrays | None = (
             None if layout is None else layout.arrays(bytearray(layout.nbytes))
         )
         self._attach(sock, b"")
         self._beat = self._loop.call_later(self.heartbeat, self._heartbeat)
 
-    def _answers(self, sock: socket.socket, rest: bytes) -> tuple[Welcome, Opened]:
+    def _answers(self, sock: socket.socket, rest: bytes) -> tuple[WelcomeMsg, OpenedMsg]:
         """Read the server's welcome and the opened group (blocking)."""
         until = time.monotonic() + self.connect_timeout
-        welcome: Welcome | None = None
+        welcome: WelcomeMsg | None = None
         data = rest
         while True:
             for opcode, payload in self._reader.feed(data):
@@ -230,11 +238,11 @@ class RemoteBackend(Backend):
                 if opcode != ws.BINARY:
                     continue
                 for message in decode_server(payload):
-                    if isinstance(message, Welcome):
+                    if isinstance(message, WelcomeMsg):
                         welcome = message
-                    elif isinstance(message, Opened) and welcome is not None:
+                    elif isinstance(message, OpenedMsg) and welcome is not None:
                         return welcome, message
-                    elif isinstance(message, Failed):
+                    elif isinstance(message, FailedMsg):
                         error = codec.data_to_error(message.error)
                         raise error
             left = until - time.monotonic()
@@ -292,7 +300,9 @@ class RemoteBackend(Backend):
         """Send ``op`` for ``indices`` as request number ``rid``."""
         self._rid += 1
         rid = self._rid
-        self._waiting[list(indices) if not isinstance(indices, range) else slice(indices.start, indices.stop)] = rid
+        self._waiting[
+            list(indices) if not isinstance(indices, range) else slice(indices.start, indices.stop)
+        ] = rid
         try:
             message = self._message(rid, indices, op)
         except (TypeError, ValueError) as exc:
@@ -303,13 +313,13 @@ class RemoteBackend(Backend):
         self._inflight[rid] = _Out(message, since)
         self._send(message)
 
-    def _message(self, rid: int, indices: Sequence[int], op: Op) -> Step | Call:
+    def _message(self, rid: int, indices: Sequence[int], op: Op) -> StepMsg | CallMsg:
         envs = envs_bytes(indices)
         deadline = self.deadline
         if type(op) is StepOp:
             actions, values = pack_actions(op, self._act_layouts)
             resets, autoresets = pack_resets(op)
-            return Step(
+            return StepMsg(
                 rid,
                 GROUP,
                 envs,
@@ -323,7 +333,7 @@ class RemoteBackend(Backend):
                 deadline,
             )
         assert isinstance(op, CallOp)
-        return Call(rid, GROUP, envs, op.name, [_call_data(c) for c in op.calls], deadline)
+        return CallMsg(rid, GROUP, envs, op.name, [_call_data(c) for c in op.calls], deadline)
 
     def _send(self, message: Any) -> None:
         self._out.append(message)
@@ -386,7 +396,7 @@ class RemoteBackend(Backend):
         for rid, envs in by_request.items():
             self._settled(rid)
             if rid and self._gone is None:
-                self._send(Cancel(GROUP, rid, envs_bytes(sorted(envs))))
+                self._send(CancelMsg(GROUP, rid, envs_bytes(sorted(envs))))
 
     def _settled(self, rid: int) -> None:
         """Forget request ``rid`` once no env waits on it any more."""
@@ -400,7 +410,7 @@ class RemoteBackend(Backend):
         sock = self._sock
         if sock is None:
             return
-        chunks = []
+        chunks: list[bytes] = []
         try:
             while True:
                 chunk = sock.recv(1 << 20)
@@ -429,12 +439,16 @@ class RemoteBackend(Backend):
                     for message in decode_server(payload):
                         self._on_message(message)
                 elif opcode == ws.CLOSE:
-                    self._dropped(f"the server closed the connection ({ws.describe_close(payload)})")
+                    self._dropped(
+                        f"the server closed the connection ({ws.describe_close(payload)})"
+                    )
                     return
                 elif opcode == ws.PING and self._sock is not None:
                     self._write(ws.mask_frame(payload, ws.PONG))
         except ValueError as exc:  # the server's bytes make no sense: give up on it
-            self._lose(ConnectionError(f"the aiovec server at {self.url} sent a malformed frame: {exc}"))
+            self._lose(
+                ConnectionError(f"the aiovec server at {self.url} sent a malformed frame: {exc}")
+            )
         if self._busy:
             self._send_busy()
 
@@ -442,17 +456,17 @@ class RemoteBackend(Backend):
         kind = type(message)
         if kind is StepPart:
             self._part(message)
-        elif kind is CallReply:
+        elif kind is CallReplyMsg:
             self._reply(message)
-        elif kind is Failed:
+        elif kind is FailedMsg:
             self._failed(message)
-        elif kind is Busy:
+        elif kind is BusyMsg:
             self._busy.append(message.rid)
-        elif kind is Welcome:
+        elif kind is WelcomeMsg:
             self._welcome(message)
-        elif kind is Gone:
+        elif kind is GoneMsg:
             self._lose(ConnectionError(message.reason))
-        elif kind is Pong:
+        elif kind is PongMsg:
             pass
 
     def _part(self, part: StepPart) -> None:
@@ -468,10 +482,17 @@ class RemoteBackend(Backend):
             n = self.num_envs
             if len(envs) == n and wanted.all() and (envs == np.arange(n)).all():
                 arrays = StepArrays(
-                    rows.observations, None, rows.rewards, rows.terminations, rows.truncations, None
+                    rows.observations,
+                    None,
+                    rows.rewards,
+                    rows.terminations,
+                    rows.truncations,
+                    rows.terminations,  # (resets: not read from an answer's rows)
                 )
                 waiting[:] = 0
-                self._finish_block(StepBlock(range(n), arrays, _ints(part.infos), _ints(part.finals)), out.since)
+                self._finish_block(
+                    StepBlock(range(n), arrays, _ints(part.infos), _ints(part.finals)), out.since
+                )
             elif wanted.any():
                 self._rows(part, rows, wanted, out.since)
         for i, value in part.singles.items():
@@ -517,7 +538,7 @@ class RemoteBackend(Backend):
     def _new_results(self) -> Rows:
         return Rows()
 
-    def _reply(self, reply: CallReply) -> None:
+    def _reply(self, reply: CallReplyMsg) -> None:
         out = self._inflight.get(reply.rid)
         if out is None:
             return
@@ -537,7 +558,7 @@ class RemoteBackend(Backend):
                 self._finish(i, None, codec.data_to_error(error))
         self._ended(reply.rid)
 
-    def _failed(self, failed: Failed) -> None:
+    def _failed(self, failed: FailedMsg) -> None:
         error = codec.data_to_error(failed.error)
         out = self._inflight.get(failed.rid)
         if out is None:
@@ -560,7 +581,9 @@ class RemoteBackend(Backend):
         left = np.flatnonzero(self._waiting == rid).tolist()
         for i in left:
             self._waiting[i] = 0
-            self._finish(i, None, RuntimeError(f"the server's answer to request {rid} left env {i} out"))
+            self._finish(
+                i, None, RuntimeError(f"the server's answer to request {rid} left env {i} out")
+            )
 
     def _send_busy(self) -> None:
         """Send again the requests the server was too busy to take (now it answered)."""
@@ -580,7 +603,7 @@ class RemoteBackend(Backend):
             if time.monotonic() - self._heard > 3 * self.heartbeat:
                 self._dropped(f"no answer to heartbeats for {3 * self.heartbeat:g} s")
             else:
-                self._send(Ping(time.time()))
+                self._send(PingMsg(time.time()))
         self._beat = self._loop.call_later(self.heartbeat, self._heartbeat)
 
     def _detach(self) -> None:
@@ -632,7 +655,9 @@ class RemoteBackend(Backend):
                         self.url, self.token, min(left, self.connect_timeout)
                     )
                 except ws.HandshakeError as exc:
-                    self._lose(ConnectionError(f"the aiovec server at {self.url} refused to resume: {exc}"))
+                    self._lose(
+                        ConnectionError(f"the aiovec server at {self.url} refused to resume: {exc}")
+                    )
                     return
                 except OSError:
                     await asyncio.sleep(min(delay, max(0.0, left)))
@@ -648,11 +673,13 @@ class RemoteBackend(Backend):
         again = [out.message for rid, out in sorted(self._inflight.items())]
         self._out.clear()
         self._attach(sock, b"")
-        self._write(ws.mask_frame(encode([Hello(PROTOCOL, [(GROUP, self._session_token)]), *again])))
+        self._write(
+            ws.mask_frame(encode([HelloMsg(PROTOCOL, [(GROUP, self._session_token)]), *again]))
+        )
         if rest:
             self._received(rest)
 
-    def _welcome(self, welcome: Welcome) -> None:
+    def _welcome(self, welcome: WelcomeMsg) -> None:
         reason = welcome.resumed.get(GROUP)
         if reason:
             self._lose(ConnectionError(f"could not resume the sessions on {self.url}: {reason}"))
@@ -665,7 +692,7 @@ class RemoteBackend(Backend):
             self._gone = error
             logger.warning("aiovec: %s", error)
         self._detach()
-        for rid, out in list(self._inflight.items()):
+        for out in list(self._inflight.values()):
             if out.done is not None and not out.done.done():
                 out.done.set_exception(self._lost_error())
         self._inflight.clear()
@@ -705,20 +732,20 @@ class RemoteBackend(Backend):
             return dict.fromkeys(indices, self._lost_error())
         self._rid += 1
         try:
-            reply = await self._request(Rebuild(self._rid, GROUP, envs_bytes(indices)))
+            reply = await self._request(RebuildMsg(self._rid, GROUP, envs_bytes(indices)))
         except ConnectionError as exc:
             return dict.fromkeys(indices, exc)
         return {int(i): codec.data_to_error(e) for i, e in reply.errors.items()}
 
     async def aclose(self) -> dict[int, BaseException]:
-        """Close the sessions on the server, then the connection (once the server closed its end)."""
+        """Close the sessions on the server, then the connection (once the server ended it)."""
         errors: dict[int, BaseException] = {}
         try:
             await self.drain()
             if self._gone is None:
                 self._rid += 1
                 try:
-                    reply = await self._request(Close(self._rid, GROUP), CLOSE_TIMEOUT)
+                    reply = await self._request(CloseMsg(self._rid, GROUP), CLOSE_TIMEOUT)
                     errors = {int(i): codec.data_to_error(e) for i, e in reply.errors.items()}
                 except (TimeoutError, ConnectionError) as exc:
                     logger.warning("aiovec: closing the sessions on %s failed: %r", self.url, exc)
@@ -757,14 +784,16 @@ def _sessions(fns: Sequence[Callable[[], Any]], url: object) -> tuple[str, list[
     bad = [k for k, fn in enumerate(fns) if not isinstance(fn, Remote)]
     if bad:
         raise TypeError(
-            f'backend="remote": env_fns[{bad[0]}] is {validate.describe(fns[bad[0]])}, not a session '
-            'on a server; build the vector env with aiovec.make("ws://HOST:PORT", num_envs) '
-            "(the server builds the envs)"
+            f'backend="remote": env_fns[{bad[0]}] is {validate.describe(fns[bad[0]])}, not a '
+            'session on a server; build the vector env with aiovec.make("ws://HOST:PORT", '
+            "num_envs) (the server builds the envs)"
         )
     remotes: list[Remote] = list(fns)  # type: ignore[arg-type]
     urls = {url} if url is not None else {fn.url for fn in remotes}
     if len(urls) != 1:
-        raise ValueError(f"backend='remote': every session must be on one server, got {sorted(map(str, urls))}")
+        raise ValueError(
+            f"backend='remote': every session must be on one server, got {sorted(map(str, urls))}"
+        )
     return str(urls.pop()), [fn.kwargs for fn in remotes]
 
 
@@ -774,7 +803,7 @@ def _optional_str(name: str, value: object) -> str | None:
     raise TypeError(f"{name} must be a str or None, got {validate.describe(value)}")
 
 
-def _traits(opened: Opened, num_envs: int) -> EnvTraits:
+def _traits(opened: OpenedMsg, num_envs: int) -> EnvTraits:
     obs = codec.data_to_space(opened.observation_space)
     act = codec.data_to_space(opened.action_space)
     observation_spaces = [obs] * num_envs
