@@ -28,8 +28,9 @@ from conftest import SPACES, assert_results_equal, oracle_env, space_env_fns
 from gymnasium.vector import AutoresetMode
 
 import aiovec
+from aiovec._serve import connection as connection_module
+from aiovec._serve import protocol, wsclient
 from aiovec._serve import server as server_module
-from aiovec._serve import wsclient
 from aiovec.testing import AsyncHangingEnv, AsyncTwin, Gate, SpaceEnv
 
 pytestmark = pytest.mark.usefixtures("leak_check")
@@ -65,12 +66,10 @@ class Cutter:
 
     def __init__(self, rng: random.Random, chance: float) -> None:
         self.rng, self.chance, self.cuts = rng, chance, 0
-        self._handle = server_module.Connection.handle
+        self._handle = connection_module.Connection.handle
 
     def handle(self, conn: Any, message: Any) -> None:
-        if not isinstance(
-            message, server_module.StepMsg | server_module.CallMsg
-        ):  # sessions opened
+        if not isinstance(message, protocol.StepMsg | protocol.CallMsg):  # sessions opened
             self._handle(conn, message)
             return
         before = self.rng.random() < self.chance / 2
@@ -106,7 +105,7 @@ def test_cut_at_random_moments_every_rollout_exact(
     client side mid-step: every result is the local one (no step lost, none run twice)."""
     rng = random.Random(f"{mode}-{flavour}")
     cutter = Cutter(rng, 0.15)
-    monkeypatch.setattr(server_module.Connection, "handle", cutter.method())
+    monkeypatch.setattr(connection_module.Connection, "handle", cutter.method())
     n, space = 4, "dict-tuple"
 
     async def run() -> int:
@@ -150,7 +149,7 @@ def test_cut_at_random_moments_every_rollout_exact(
 def test_blocking_front_end_resumes_exactly(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(3)
     cutter = Cutter(rng, 0.2)
-    monkeypatch.setattr(server_module.Connection, "handle", cutter.method())
+    monkeypatch.setattr(connection_module.Connection, "handle", cutter.method())
     n, space = 3, "image-box"
     with (
         aiovec.make(server.url, n, space=space, autoreset_mode="SameStep") as venv,

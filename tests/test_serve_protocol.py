@@ -155,7 +155,7 @@ def test_actions_and_resets_cross_the_wire_unchanged(name):
     _, action_space = SPACES[name]
     op = _step_op(action_space, 3)
     layouts = protocol.Layouts(action_space)
-    raw, values = steps.pack_actions(op, layouts)
+    raw, values = steps.pack_actions(op, 3, layouts)
     resets, autoresets = steps.pack_resets(op)
     message = protocol.StepMsg(
         2,
@@ -187,7 +187,7 @@ def test_actions_that_do_not_lay_out_are_refused():
 
 def test_step_results_travel_as_rows_singles_and_errors():
     obs_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
-    packer = steps.ResultPacker(obs_space)
+    packer = steps.StepRows(obs_space, spaces.Discrete(2), 6)
     ok = (np.ones(2, np.float32), 1.0, False, True, {"k": 1}, None)
     odd = ([0.5, 0.5], np.float16(2), False, False, {}, None)  # a list obs: one by one
     bad = (np.ones(3, np.float32), 1.0, False, False, {}, None)  # the wrong shape: refused

@@ -4,9 +4,13 @@ The parts (docs/serve.md is the user's page and the protocol's description):
 
 - ``codec.py``: values, spaces and errors as msgpack data (no pickle, pure);
 - ``protocol.py``: the messages (msgspec structs), frames, step payloads (pure);
-- ``wsclient.py``: the client's side of a WebSocket over a plain socket (framing, handshake);
-- ``server.py``: the server (aiohttp): connections, session groups on aiovec's own
-  backends, replies cached for resume; `serve` and the ``serve`` command.
+- ``calls.py``: calls other than steps on the wire, and the checks of what a peer sends;
+- ``steps.py``: step data on the wire (actions out, rows of transitions back);
+- ``server.py``, ``connection.py``, ``group.py``: the server (aiohttp): connections,
+  session groups on aiovec's own backends, answers kept for resume;
+- ``embed.py``: `serve`'s server, on the caller's loop or on a thread of its own;
+- ``wsclient.py``, ``link.py``: the client's side of a WebSocket over a plain socket
+  (framing and handshake; the connection, its waits, its resume).
 
 The client is ``aiovec/backends/remote.py`` (``backend="remote"``), which
 ``aiovec.make("ws://host:port", num_envs)`` builds.
@@ -18,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from aiovec._serve.server import Serving
+    from aiovec._serve.embed import Serving
 
 __all__ = ("serve",)
 
@@ -65,7 +69,7 @@ def serve(
         ...         obs, infos = await venv.reset(seed=0)
     """
     try:
-        from aiovec._serve.server import Serving  # noqa: PLC0415  (its extra, on first use)
+        from aiovec._serve.embed import Serving  # noqa: PLC0415  (its extra, on first use)
     except ModuleNotFoundError as exc:
         if exc.name not in {"aiohttp", "msgspec"}:
             raise

@@ -20,6 +20,8 @@ flags ``bool``, actions likewise by the action space.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -284,15 +286,25 @@ _ENVS = np.dtype("<u4")
 
 def envs_bytes(envs: Any) -> bytes:
     """Env indices as the wire holds them (little-endian ``uint32``)."""
+    if type(envs) is range and envs.start == 0 and envs.step == 1:
+        return _every(envs.stop)
     return np.asarray(envs, dtype=_ENVS).tobytes()
 
 
-def envs_of(data: bytes, limit: int) -> list[int]:
-    """Env indices from the wire, each below ``limit`` and each once.
+@functools.lru_cache(maxsize=64)
+def _every(count: int) -> bytes:
+    """Envs ``0..count-1``, as the wire holds them (made once per count)."""
+    return np.arange(count, dtype=_ENVS).tobytes()
+
+
+def envs_of(data: bytes, limit: int) -> Sequence[int]:
+    """Env indices from the wire, each below ``limit`` and each once (``range``: all, in order).
 
     Raises:
         ValueError: Not a whole number of indices, an index out of range, or twice.
     """
+    if len(data) == 4 * limit and data == envs_bytes(range(limit)):
+        return range(limit)  # the whole group, in order: the usual step
     if len(data) % 4:
         raise ValueError("envs: not a whole number of uint32 indices")
     envs = np.frombuffer(data, _ENVS)

@@ -2,18 +2,19 @@
 
 A batch of actions (``StepOp.batch``) that fits the action space's layout
 exactly travels as one block of bytes; otherwise each env's action is a value
-(`aiovec._serve.codec.pack`).  Transitions come back as rows when they fit
-exactly as the process backend's shared rows would (an observation of the
-layout's dtype and shape, a reward and flags of the types taken as they are, a
-dict info): observations, rewards and flags as raw bytes, the infos that are
-not empty and ``SAME_STEP`` finals as values.  Any other transition travels
-whole as a value (*single*), and the client checks and batches it by the usual
-rules; one the step checker refuses travels as that error.
+(`aiovec._serve.codec.pack`).  Transitions come back as rows: the server
+writes them into step rows of its own with the process workers' `RowWriter`
+(one rule for what fits exactly), and sends the rows of a reply's envs as raw
+bytes (observations laid out by `aiovec._core.layout.Layout` for that many
+envs, rewards ``float64``, flags ``bool``), the infos that are not empty and
+``SAME_STEP`` finals as values.  A transition that does not fit the rows
+travels whole as a value (*single*), and the client checks and batches it by
+the usual rules; one the step checker refuses travels as that error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,36 +23,51 @@ from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
 from aiovec._core.calls import Autoreset, Reset
-from aiovec._core.layout import Layout
+from aiovec._core.layout import StepLayout, copy_rows
 from aiovec._core.ops import StepOp
 from aiovec._serve import codec
+from aiovec._serve.calls import check_options, check_seed
 from aiovec._serve.protocol import Layouts, StepMsg, StepPart, envs_bytes
+from aiovec.backends._host.rows import RowWriter
 
 __all__ = (
+    "StepRows",
     "WireRows",
     "actions_of",
+    "mode_of",
     "pack_actions",
     "pack_resets",
     "resets_of",
     "rows_of",
 )
 
-_F8, _B1 = np.dtype(np.float64), np.dtype(np.bool_)
+_F8, _B1, _ENVS = np.dtype(np.float64), np.dtype(np.bool_), np.dtype("<u4")
+_BOOL = frozenset({bool})
+
+# --------------------------------------------------------------------------- actions out, in
 
 
-def pack_actions(op: StepOp, layouts: Layouts) -> tuple[bytes | None, list[Any] | None]:
-    """``(actions, action_values)`` of a step op: its batch as raw rows, or a value per env."""
-    batch, count = op.batch, len(op.actions)
-    layout = layouts(count)
+def pack_actions(op: StepOp, count: int, layouts: Layouts) -> tuple[bytes | None, list[Any] | None]:
+    """``(actions, action_values)`` of a step op for ``count`` envs: raw rows, or a value each."""
+    batch, layout = op.batch, layouts(count)
     if batch is not None and layout is not None:
-        buffer = bytearray(layout.end)
-        if layout.filler(layout.views(buffer))(batch):
-            return bytes(buffer), None
+        if layout.tree[0] == "leaf":  # one array: its bytes, if it is exactly the leaf's
+            leaf = layout.leaves[0]
+            if (
+                type(batch) is np.ndarray
+                and batch.dtype == leaf.dtype
+                and batch.shape == leaf.shape
+            ):
+                return batch.tobytes(), None
+        else:
+            buffer = bytearray(layout.end)
+            if layout.filler(layout.views(buffer))(batch):
+                return bytes(buffer), None
     return None, [codec.pack(action) for action in op.actions]
 
 
 def actions_of(message: StepMsg, count: int, layouts: Layouts) -> tuple[list[Any], Any]:
-    """Each env's action of a `Step`, and the batch they came in (``None``: one by one).
+    """Each env's action of a `StepMsg`, and the batch they came in (``None``: one by one).
 
     Raises:
         ValueError: The actions do not fit the action space's layout, or are not ``count``.
@@ -63,7 +79,7 @@ def actions_of(message: StepMsg, count: int, layouts: Layouts) -> tuple[list[Any
                 f"actions: {len(message.actions)} bytes do not lay out {count} actions of the "
                 "session's action space"
             )
-        batch = _copied(layout.views(bytearray(message.actions)))
+        batch = layout.views(bytearray(message.actions))  # arrays of their own, not the frame's
         return layout.split(batch, count), batch
     values = message.action_values
     if values is None or len(values) != count:
@@ -71,18 +87,14 @@ def actions_of(message: StepMsg, count: int, layouts: Layouts) -> tuple[list[Any
     return values, None
 
 
-def _copied(batch: Any) -> Any:
-    """A batch whose arrays own their memory (the views of a received buffer do not)."""
-    if isinstance(batch, np.ndarray):
-        return batch
-    if isinstance(batch, dict):
-        return {key: _copied(value) for key, value in batch.items()}
-    return tuple(_copied(value) for value in batch)
+# --------------------------------------------------------------------------- resets out, in
 
 
 def pack_resets(op: StepOp) -> tuple[bytes, dict[int, Any]]:
     """``(resets, autoresets)`` of a step op: a flag per env, and the autoresets with options."""
     flags: Sequence[Any] = op.reset_first
+    if _BOOL.issuperset(map(type, flags)):  # the usual step: plain flags, looked at in C
+        return np.array(flags, dtype=_B1).tobytes(), {}
     autoresets = {
         k: [bool(first), first.call.seed, codec.pack(first.call.options)]
         for k, first in enumerate(flags)
@@ -92,7 +104,7 @@ def pack_resets(op: StepOp) -> tuple[bytes, dict[int, Any]]:
 
 
 def resets_of(message: StepMsg, count: int) -> list[Any]:
-    """Each env's ``reset_first`` of a `Step` (a bool, or an `Autoreset` with its options).
+    """Each env's ``reset_first`` of a `StepMsg` (a bool, or an `Autoreset` with its options).
 
     Raises:
         ValueError: Not ``count`` flags, or a malformed autoreset.
@@ -104,7 +116,7 @@ def resets_of(message: StepMsg, count: int) -> list[Any]:
         if not 0 <= k < count or not isinstance(entry, list) or len(entry) != 3:
             raise ValueError(f"autoresets: a malformed entry for env {k}")
         now, seed, options = entry
-        flags[k] = Autoreset(Reset(validate_seed(seed), validate_options(options)), bool(now))
+        flags[k] = Autoreset(Reset(check_seed(seed), check_options(options)), bool(now))
     return flags
 
 
@@ -117,29 +129,112 @@ def mode_of(text: str) -> AutoresetMode:
     return AutoresetMode(text)
 
 
-def validate_seed(seed: object) -> int | None:
-    """A seed from the wire: ``None`` or an int in ``[0, 2**64)``.
+# --------------------------------------------------------------------------- results back
 
-    Raises:
-        ValueError: Anything else.
+
+class StepRows:
+    """A group's step rows on the server: transitions written in, a `StepPart` out.
+
+    Args:
+        observation_space: The sessions' single observation space.
+        action_space: Their single action space.
+        count: How many sessions (rows).
     """
-    if seed is None or (type(seed) is int and 0 <= seed < 2**64):
-        return seed
-    raise ValueError(f"a seed must be None or an int in [0, 2**64), got {seed!r}")
+
+    def __init__(
+        self, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], count: int
+    ) -> None:
+        self.count = count
+        self.layouts = Layouts(observation_space)
+        self._check = validate.step_result_checker(observation_space)
+        self._writer = RowWriter()
+        layout = StepLayout.of(observation_space, action_space, count)
+        self._layout = layout
+        if layout is not None:
+            self._writer.use(layout, bytearray(layout.nbytes), 0)
+
+    def pack(
+        self,
+        rid: int,
+        group: int,
+        done: bool,
+        results: Mapping[int, Any],
+        errors: Mapping[int, BaseException],
+    ) -> StepPart:
+        """The part answering ``results`` and ``errors`` (by env index)."""
+        error_data = {i: codec.error_to_data(e) for i, e in errors.items()}
+        stepped = results if type(results) is dict else dict(results)
+        infos, finals, odd = self._writer.write(stepped)
+        singles = self._singles(odd, error_data) if odd else {}
+        packed_infos = _packed(infos, error_data)
+        packed_finals = _packed(finals, error_data)
+        rows: Sequence[int] = range(self.count)
+        if len(stepped) != self.count or odd or len(error_data) > len(errors):
+            rows = sorted(i for i in stepped if i not in odd and i not in error_data)
+            for i in error_data:  # an info or final that cannot be sent fails its env
+                packed_infos.pop(i, None)
+                packed_finals.pop(i, None)
+        return StepPart(
+            rid,
+            group,
+            done,
+            envs_bytes(rows),
+            *self._row_bytes(rows),
+            packed_infos,
+            packed_finals,
+            singles,
+            error_data,
+        )
+
+    def _row_bytes(self, rows: Sequence[int]) -> tuple[bytes, bytes, bytes, bytes]:
+        """The raw rows of envs ``rows``: observations (laid out for them), rewards, flags."""
+        arrays = self._writer.arrays
+        if not rows or arrays is None:
+            return b"", b"", b"", b""
+        layout = self.layouts(len(rows))
+        assert layout is not None
+        assert self._layout is not None
+        if type(rows) is range:  # every row: the buffer's own laid-out observations
+            buffer = self._writer.buffer
+            return (
+                bytes(memoryview(buffer)[: self._layout.observations.end]),
+                arrays.rewards.tobytes(),
+                arrays.terminations.tobytes(),
+                arrays.truncations.tobytes(),
+            )
+        taken = list(rows)
+        out = bytearray(layout.end)
+        copy_rows(layout.views(out), arrays.observations, slice(None), taken)
+        return (
+            bytes(out),
+            arrays.rewards[taken].tobytes(),
+            arrays.terminations[taken].tobytes(),
+            arrays.truncations[taken].tobytes(),
+        )
+
+    def _singles(self, odd: dict[int, Any], error_data: dict[int, Any]) -> dict[int, Any]:
+        """Transitions that do not fit the rows, as values; the malformed ones as errors."""
+        for i, error in self._check(odd).items():
+            del odd[i]
+            error_data[i] = codec.error_to_data(error)
+        singles = {}
+        for i, transition in odd.items():
+            try:
+                singles[i] = codec.pack(list(transition))
+            except TypeError as exc:
+                error_data[i] = codec.error_to_data(exc)
+        return singles
 
 
-def validate_options(options: object) -> dict[str, Any] | None:
-    """Reset options from the wire: ``None`` or a dict keyed by strings.
-
-    Raises:
-        ValueError: Anything else.
-    """
-    if options is None or (isinstance(options, dict) and all(type(k) is str for k in options)):
-        return options
-    raise ValueError(f"reset options must be None or a dict keyed by strings, got {options!r}")
-
-
-# --------------------------------------------------------------------------- results
+def _packed(values: dict[int, Any], error_data: dict[int, Any]) -> dict[int, Any]:
+    """Each value packed for the wire; one that cannot be fails its env (into ``error_data``)."""
+    packed = {}
+    for i, value in values.items():
+        try:
+            packed[i] = codec.pack(value)
+        except TypeError as exc:
+            error_data[i] = codec.error_to_data(exc)
+    return packed
 
 
 class WireRows(NamedTuple):
@@ -152,162 +247,13 @@ class WireRows(NamedTuple):
     truncations: np.ndarray
 
 
-def _fitter(space: spaces.Space[Any]) -> Callable[[Sequence[Any], Layout, Any], list[bool]]:
-    """How to write observations into a layout's views: which fit exactly (those are written)."""
-    if isinstance(space, spaces.Box):
-        shape, dtype = space.shape, space.dtype
-
-        def fit_box(observations: Sequence[Any], layout: Layout, views: Any) -> list[bool]:
-            ok = [
-                type(o) is np.ndarray and o.dtype == dtype and o.shape == shape
-                for o in observations
-            ]
-            if all(ok):
-                if observations:
-                    np.stack(observations, out=views)
-                return ok
-            for k, fits in enumerate(ok):
-                if fits:
-                    views[k] = observations[k]
-            return ok
-
-        return fit_box
-
-    def fit_any(observations: Sequence[Any], layout: Layout, views: Any) -> list[bool]:
-        write = layout.writer(views)
-        return [bool(write(k, o)) for k, o in enumerate(observations)]
-
-    return fit_any
-
-
-class ResultPacker:
-    """Packs a step's transitions into `StepPart` fields (the server's side).
-
-    Args:
-        observation_space: The sessions' single observation space.
-    """
-
-    def __init__(self, observation_space: spaces.Space[Any]) -> None:
-        self.layouts = Layouts(observation_space)
-        self._check = validate.step_result_checker(observation_space)
-        self._fit = _fitter(observation_space)
-
-    def pack(
-        self,
-        rid: int,
-        group: int,
-        done: bool,
-        results: Mapping[int, Any],
-        errors: Mapping[int, BaseException],
-    ) -> StepPart:
-        """The part answering ``results`` and ``errors`` (by env index)."""
-        transitions = {i: results[i] for i in sorted(results)}
-        bad = self._check(transitions)
-        error_data = {i: codec.error_to_data(e) for i, e in errors.items()}
-        for i, error in bad.items():
-            del transitions[i]
-            error_data[i] = codec.error_to_data(error)
-        infos: dict[int, Any] = {}
-        finals: dict[int, Any] = {}
-        for i, t in list(transitions.items()):
-            try:
-                if t[4]:
-                    infos[i] = codec.pack(t[4])
-                if t[5] is not None:
-                    finals[i] = codec.pack(t[5])
-            except TypeError as exc:  # an info that cannot be sent fails its env
-                del transitions[i]
-                infos.pop(i, None)
-                error_data[i] = codec.error_to_data(exc)
-        envs = list(transitions)
-        values = list(transitions.values())
-        layout = self.layouts(len(envs)) if envs else None
-        if layout is None:
-            alone = self._singles(envs, values, error_data)
-            return _part(rid, group, done, [], b"", [], {}, {}, alone, error_data)
-        buffer = bytearray(layout.end)
-        fits = self._fit([t[0] for t in values], layout, layout.views(buffer))
-        fits = [
-            ok
-            and type(t[1]) in validate.REWARD_TYPES
-            and type(t[2]) in validate.FLAG_TYPES
-            and type(t[3]) in validate.FLAG_TYPES
-            for ok, t in zip(fits, values, strict=True)
-        ]
-        singles: dict[int, Any] = {}
-        if not all(fits):
-            odd = [k for k, ok in enumerate(fits) if not ok]
-            singles = self._singles([envs[k] for k in odd], [values[k] for k in odd], error_data)
-            for k in odd:
-                infos.pop(envs[k], None)
-                finals.pop(envs[k], None)
-            keep = [k for k, ok in enumerate(fits) if ok]
-            if not keep:
-                return _part(rid, group, done, [], b"", [], {}, {}, singles, error_data)
-            packed = self.layouts(len(keep))
-            assert packed is not None
-            kept = bytearray(packed.end)
-            _copy_leaves(packed, kept, layout, buffer, keep)
-            buffer, envs, values = kept, [envs[k] for k in keep], [values[k] for k in keep]
-        return _part(
-            rid, group, done, envs, bytes(buffer), values, infos, finals, singles, error_data
-        )
-
-    @staticmethod
-    def _singles(envs: list[int], values: list[Any], error_data: dict[int, Any]) -> dict[int, Any]:
-        singles = {}
-        for i, transition in zip(envs, values, strict=True):
-            try:
-                singles[i] = codec.pack(list(transition))
-            except TypeError as exc:
-                error_data[i] = codec.error_to_data(exc)
-        return singles
-
-
-def _copy_leaves(
-    target: Layout, out: bytearray, source: Layout, buffer: bytearray, keep: list[int]
-) -> None:
-    for to, came in zip(target.leaves, source.leaves, strict=True):
-        dst = np.ndarray(to.shape, to.dtype, buffer=out, offset=to.offset)
-        src = np.ndarray(came.shape, came.dtype, buffer=buffer, offset=came.offset)
-        dst[...] = src[keep]
-
-
-def _part(  # noqa: PLR0917
-    rid: int,
-    group: int,
-    done: bool,
-    rows: list[int],
-    obs: bytes,
-    values: list[Any],
-    infos: dict[int, Any],
-    finals: dict[int, Any],
-    singles: dict[int, Any],
-    errors: dict[int, Any],
-) -> StepPart:
-    return StepPart(
-        rid,
-        group,
-        done,
-        envs_bytes(rows),
-        obs,
-        np.array([t[1] for t in values], dtype=_F8).tobytes(),
-        np.array([t[2] for t in values], dtype=_B1).tobytes(),
-        np.array([t[3] for t in values], dtype=_B1).tobytes(),
-        infos,
-        finals,
-        singles,
-        errors,
-    )
-
-
 def rows_of(part: StepPart, layouts: Layouts) -> WireRows | None:
     """The rows of a part, as views of its bytes (``None``: it has none).
 
     Raises:
         ValueError: The bytes do not hold as many rows as it names envs.
     """
-    envs = np.frombuffer(part.envs, np.dtype("<u4"))
+    envs = np.frombuffer(part.envs, _ENVS)
     count = len(envs)
     if not count:
         return None

@@ -19,7 +19,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
+from aiohttp._websocket.helpers import websocket_mask
 
 __all__ = (
     "BINARY",
@@ -189,12 +189,9 @@ def mask_frame(payload: bytes, opcode: int = BINARY) -> bytes:
     else:
         head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
     key = os.urandom(4)
-    if not n:
-        return head + key
-    words = -(-n // 8)
-    data = np.frombuffer(payload.ljust(words * 8, b"\0"), np.uint64)
-    pad = np.frombuffer(key * 2, np.uint64)
-    return head + key + (data ^ pad).tobytes()[:n]
+    data = bytearray(payload)
+    websocket_mask(key, data)  # aiohttp's (in C), in place
+    return head + key + data
 
 
 class FrameReader:

@@ -3,61 +3,61 @@
 Theory of operation.  ``aiovec.make("ws://host:port", num_envs)`` builds a
 vector env whose factories are `Remote` (the URL and the factory's keyword
 arguments); this backend opens them as one *group* of sessions on the server,
-over one WebSocket (``aiovec/_serve/protocol.py`` says what travels).  The
-vector env applies every rule here as everywhere (lifecycle, validation,
-timeouts, restarts); the server runs each env's ``step_flow``, so autoreset
-costs no extra round trip.
+over one connection (`aiovec._serve.link.ServerLink`; ``aiovec/_serve/protocol.py``
+says what travels).  The vector env applies every rule here as everywhere
+(lifecycle, validation, timeouts, restarts); the server runs each env's
+``step_flow``, so autoreset costs no extra round trip.
 
-- **One request per call.**  ``launch`` turns an op into one message (a step's
+- **One request per call.**  `launch` turns an op into one message (a step's
   actions as one block of bytes) numbered by the group's request id, and every
   message of one loop turn leaves in one frame.  Each env remembers the request
   it waits on (``_waiting``); an answer is delivered only to the envs still
   waiting on it, so a late answer (its envs cancelled at a deadline) is
   dropped and never reaches a later call.
 - **Answers as blocks.**  A step's answer holds its envs' rows as raw bytes;
-  when it covers every env at once it is handed over as a `StepBlock` of views
-  of the frame (no copy), otherwise its rows are copied into the backend's own
-  arrays.  Transitions that do not fit the rows come one by one.
-- **Resume.**  A connection that drops (an error, an end of file, three
-  heartbeats without an answer) is dialled again (`_reconnect`, backing off up
-  to a second between tries); the first frame takes the group back by its token
-  and sends every request still unanswered again with its id, which the server
-  answers from what it kept: no step is lost or run twice, and the caller sees
-  nothing.  If that fails within the resume window, or the server has closed the
-  sessions, every env in flight fails with a ``ConnectionError`` saying why, and
-  the envs stay lost (any later call fails at once).
-- **Construction blocks.**  A vector env's constructor cannot wait on its loop,
-  so the handshake, the hello and the opening of the sessions are made on a
-  blocking socket (within ``connect_timeout``); after that the socket is
-  non-blocking and read through the loop (``add_reader``).
+  when it covers every env at once it is handed over as one `StepBlock` of
+  views of the frame (no copy, no per-env work), otherwise its rows are copied
+  into the backend's own arrays and handed over as a block of those.
+  Transitions that do not fit the rows come one by one.
+- **A blocking caller waits in ``poll``.**  While the loop is parked (a
+  `BlockingVectorEnv` driving its call by hand), a request is written at once
+  and `collect` waits on the socket itself (`ServerLink.wait`): a step costs no task
+  and no loop iteration.  Anything that needs the loop (a reconnect) is
+  waited for through it.
+- **Resume and loss** are the link's; once it is lost, every env in flight
+  fails with a ``ConnectionError`` saying why, and the envs stay lost (any
+  later call fails at once).
+- **Construction** connects before the constructor returns: with a blocking
+  handshake (a constructor cannot wait on its loop), or through the loop when
+  the server runs on that very loop (`aiovec._serve.embed.served_here`), which
+  needs ``await AsyncioVectorEnv.create(...)`` (``await server.connect(...)``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import anyio
 import numpy as np
 
 from aiovec._core import validate
-from aiovec._core.calls import CallMethod, EnvCall, GetAttr, IsWrapped, Render, Reset, SetAttr
 from aiovec._core.layout import StepArrays, StepLayout, copy_rows
 from aiovec._core.ops import CallOp, Op, StepOp
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._log import logger
-from aiovec.backends._base import Backend, EnvTraits
+from aiovec.backends._base import EnvTraits
 from aiovec.backends._drive import CLOSE_TIMEOUT
-from aiovec.backends._limit import Slots
+from aiovec.backends._limit import SlottedBackend
 
 try:
     from aiovec._serve import codec
-    from aiovec._serve import wsclient as ws
+    from aiovec._serve.calls import call_data
+    from aiovec._serve.embed import served_here
+    from aiovec._serve.link import ServerLink, loop_parked
     from aiovec._serve.protocol import (
         PROTOCOL,
         BusyMsg,
@@ -71,22 +71,19 @@ try:
         Layouts,
         OpenedMsg,
         OpenMsg,
-        PingMsg,
-        PongMsg,
         RebuildMsg,
         StepMsg,
         StepPart,
         WelcomeMsg,
-        decode_server,
-        encode,
         envs_bytes,
     )
     from aiovec._serve.steps import pack_actions, pack_resets, rows_of
+    from aiovec._serve.wsclient import parse_url
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is missing
-    if exc.name != "msgspec":
+    if exc.name not in {"msgspec", "aiohttp"}:
         raise
     raise ModuleNotFoundError(
-        'backend="remote" (aiovec.make("ws://...")) needs msgspec, which is not installed: '
+        f'backend="remote" (aiovec.make("ws://...")) needs {exc.name}, which is not installed: '
         'pip install "aiovec[serve]"',
         name=exc.name,
     ) from exc
@@ -107,7 +104,7 @@ class Remote:
     __slots__ = ("kwargs", "url")
 
     def __init__(self, url: str, kwargs: Mapping[str, Any] | None = None) -> None:
-        ws.parse_url(url)
+        parse_url(url)
         self.url = url
         self.kwargs = dict(kwargs or {})
         codec.pack(self.kwargs)  # plain data only: refused here, not on the server
@@ -123,16 +120,17 @@ class Remote:
         return f"Remote({self.url!r}, {self.kwargs!r})"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Out:
     """A request in flight: its message (sent again after a reconnect) and its envs."""
 
     message: Any
     since: float
-    done: asyncio.Future[Any] | None = None  # rebuild and close: their reply
+    left: int = 0  # envs still waiting on it
+    done: asyncio.Future[Any] | None = None  # open, rebuild and close: their reply
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(SlottedBackend):
     """Envs as sessions on an aiovec server, over one connection (see the module).
 
     Options (``backend_options``): ``url`` (else the factories' URL), ``token``,
@@ -156,61 +154,84 @@ class RemoteBackend(Backend):
     ) -> None:
         super().__init__(env_fns, num_workers, limiter)
         options = dict(options or {})
-        self._slots = None if limiter is None else Slots(limiter, self._dispatch, self._queue)
-        self._ops: dict[
-            int, tuple[Op, int]
-        ] = {}  # env -> its op and place, while it waits for a slot
-        self.url, kwargs = _sessions(env_fns, options.get("url"))
-        self.token = _optional_str("token", options.get("token"))
-        self.connect_timeout = (
-            validate.check_timeout("connect_timeout", options.get("connect_timeout", 10.0)) or 10.0
+        url, self._kwargs = _sessions(env_fns, options.get("url"))
+        token = _optional_str("token", options.get("token"))
+        connect_timeout = validate.check_timeout(
+            "connect_timeout", options.get("connect_timeout", 10.0)
         )
         self.deadline = validate.check_timeout("deadline", options.get("deadline"))
-        self._loop = asyncio.get_running_loop()
+        self.url = url
+        self._link = ServerLink(
+            url,
+            token,
+            connect_timeout or 10.0,
+            on_message=self._on_message,
+            again=self._again,
+            busy=lambda: bool(self._inflight),
+            on_lost=self._lose,
+        )
         self._rid = 0
         self._waiting = np.zeros(self.num_envs, dtype=np.int64)  # request each env waits on
+        self._every = np.arange(self.num_envs, dtype=np.uint32)
+        self._every_bytes = envs_bytes(self._every)
         self._inflight: dict[int, _Out] = {}
-        self._out: list[Any] = []  # messages of this loop turn
-        self._flushing = False
-        self._unsent = b""  # what the socket did not take yet
-        self._sock: socket.socket | None = None
-        self._reader = ws.FrameReader(1 << 30)
         self._gone: Exception | None = None  # the sessions are lost, and why
-        self._closing = False
-        self._reconnecting: asyncio.Task[None] | None = None
-        self._beat: asyncio.TimerHandle | None = None
-        self._heard = time.monotonic()
         self._busy: list[int] = []  # requests the server asked to send again
-        self.reconnects = 0
-        self._ended_connection: asyncio.Future[None] | None = None  # set once closing
-        self._open(kwargs)
+
+    @classmethod
+    async def open(
+        cls,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None,
+        limiter: anyio.CapacityLimiter | None,
+        options: Mapping[str, Any] | None,
+    ) -> Self:
+        """Connect and open the sessions (see the module: blocking, or through the loop)."""
+        backend = cls(env_fns, num_workers, limiter, options)
+        try:
+            await backend._connect()
+        except BaseException:
+            backend.close_now()
+            raise
+        return backend
 
     # -- opening -----------------------------------------------------------------------
 
-    def _open(self, kwargs: list[dict[str, Any]]) -> None:
-        """Connect, shake hands and open the sessions, blocking (see the module)."""
-        try:
-            sock, rest = ws.connect_blocking(self.url, self.token, self.connect_timeout)
-        except ws.HandshakeError as exc:
-            if exc.status == 401:
-                raise PermissionError(f"the aiovec server at {self.url} refused: {exc}") from None
-            raise
+    async def _connect(self) -> None:
+        """Connect, shake hands and open the sessions (see the module: how it waits)."""
+        link = self._link
         self._rid = 1
         opening = [
             HelloMsg(PROTOCOL),
-            OpenMsg(1, GROUP, self.num_envs, [codec.pack(k) for k in kwargs]),
+            OpenMsg(1, GROUP, self.num_envs, [codec.pack(k) for k in self._kwargs]),
         ]
-        try:
-            sock.setblocking(True)
-            sock.sendall(ws.mask_frame(encode(opening)))
-            welcome, opened = self._answers(sock, rest)
-        except BaseException:
-            sock.close()
-            raise
-        self.window = welcome.window
-        self.heartbeat = welcome.heartbeat
-        self.resume_window = welcome.resume_window  # how long the client keeps dialling
-        self._session_token = opened.token
+        if served_here(self.url):  # this loop serves it: wait through the loop
+            await link.connect()
+            opened = await asyncio.wait_for(self._request(opening), link.connect_timeout)
+        else:
+            link.connect_now()
+            answer = self._request(opening)
+            link.flush()
+            self._open_now(answer)
+            opened = answer.result()
+        self._opened(opened)
+
+    def _open_now(self, opened: asyncio.Future[Any]) -> None:
+        """Wait (blocking) for the server to open the sessions."""
+        link = self._link
+        until = time.monotonic() + link.connect_timeout
+        while not opened.done():
+            if time.monotonic() >= until:
+                raise TimeoutError(
+                    f"the aiovec server at {self.url} did not open the sessions within "
+                    f"{link.connect_timeout} s"
+                )
+            if not link.wait(until):
+                raise ConnectionError(f"the aiovec server at {self.url} closed the connection")
+
+    def _opened(self, opened: OpenedMsg) -> None:
+        link = self._link
+        link.token_of_group = (GROUP, opened.token)
         self.traits = _traits(opened, self.num_envs)
         self._obs_layouts = Layouts(self.traits.observation_spaces[0])
         self._act_layouts = Layouts(self.traits.action_spaces[0])
@@ -220,104 +241,46 @@ class RemoteBackend(Backend):
         self._arrays: StepArrays | None = (
             None if layout is None else layout.arrays(bytearray(layout.nbytes))
         )
-        self._attach(sock, b"")
-        self._beat = self._loop.call_later(self.heartbeat, self._heartbeat)
-
-    def _answers(self, sock: socket.socket, rest: bytes) -> tuple[WelcomeMsg, OpenedMsg]:
-        """Read the server's welcome and the opened group (blocking)."""
-        until = time.monotonic() + self.connect_timeout
-        welcome: WelcomeMsg | None = None
-        data = rest
-        while True:
-            for opcode, payload in self._reader.feed(data):
-                if opcode == ws.CLOSE:
-                    raise ConnectionError(
-                        f"the aiovec server at {self.url} closed the connection: "
-                        f"{ws.describe_close(payload)}"
-                    )
-                if opcode != ws.BINARY:
-                    continue
-                for message in decode_server(payload):
-                    if isinstance(message, WelcomeMsg):
-                        welcome = message
-                    elif isinstance(message, OpenedMsg) and welcome is not None:
-                        return welcome, message
-                    elif isinstance(message, FailedMsg):
-                        error = codec.data_to_error(message.error)
-                        raise error
-            left = until - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    f"the aiovec server at {self.url} did not open the sessions within "
-                    f"{self.connect_timeout} s"
-                )
-            sock.settimeout(left)
-            data = sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError(f"the aiovec server at {self.url} closed the connection")
-
-    def _attach(self, sock: socket.socket, rest: bytes) -> None:
-        sock.setblocking(False)
-        self._sock = sock
-        self._unsent = b""
-        self._heard = time.monotonic()
-        self._loop.add_reader(sock.fileno(), self._readable)
-        if rest:
-            self._received(rest)
 
     # -- requests out ------------------------------------------------------------------
 
     def launch(self, indices: Sequence[int], op: Op) -> None:
         """Send ``op`` for ``indices`` as one request (it leaves with this loop turn's frame)."""
         since = time.perf_counter()
-        pending, started = self.pending, self._started
-        pending.update(indices)
-        for i in indices:
-            started[i] = since
+        self.pending.update(indices)
+        started = self._started
+        if type(indices) is range and len(indices) == self.num_envs:
+            started[:] = [since] * self.num_envs
+        else:
+            for i in indices:
+                started[i] = since
         if self._gone is not None:
             for i in indices:
                 self._finish(i, None, self._lost_error())
             return
-        if self._slots is not None:  # max_concurrency: each env's call goes once it has a slot
-            for k, i in enumerate(indices):
-                self._ops[i] = (op, k)
-            self._slots.request(indices)
-            return
-        self._request_now(indices, op, since)
+        self.launch_op(indices, op, since)
 
-    def _dispatch(self, envs: list[int]) -> None:
-        """Send the calls of ``envs``, which got their slots together: a request per op."""
-        since = time.perf_counter()
-        by_op: dict[int, tuple[Op, list[tuple[int, int]]]] = {}
-        for i in envs:
-            op, k = self._ops.pop(i)
-            by_op.setdefault(id(op), (op, []))[1].append((i, k))
-        for op, pairs in by_op.values():
-            pairs.sort()
-            self._request_now([i for i, _ in pairs], op.subset([k for _, k in pairs]), since)
-
-    def _request_now(self, indices: Sequence[int], op: Op, since: float) -> None:
-        """Send ``op`` for ``indices`` as request number ``rid``."""
+    def send_op(self, indices: Sequence[int], op: Op, since: float) -> None:
+        """Send ``op`` for ``indices`` as the next request."""
         self._rid += 1
         rid = self._rid
-        self._waiting[
-            list(indices) if not isinstance(indices, range) else slice(indices.start, indices.stop)
-        ] = rid
         try:
             message = self._message(rid, indices, op)
         except (TypeError, ValueError) as exc:
             for i in indices:
-                self._waiting[i] = 0
                 self._finish(i, None, exc)
             return
-        self._inflight[rid] = _Out(message, since)
-        self._send(message)
+        whole = type(indices) is range and len(indices) == self.num_envs
+        self._waiting[slice(None) if whole else list(indices)] = rid
+        self._inflight[rid] = _Out(message, since, len(indices))
+        self._link.send(message)
 
     def _message(self, rid: int, indices: Sequence[int], op: Op) -> StepMsg | CallMsg:
-        envs = envs_bytes(indices)
-        deadline = self.deadline
+        count = len(indices)
+        whole = type(indices) is range and count == self.num_envs
+        envs = self._every_bytes if whole else envs_bytes(indices)
         if type(op) is StepOp:
-            actions, values = pack_actions(op, self._act_layouts)
+            actions, values = pack_actions(op, count, self._act_layouts)
             resets, autoresets = pack_resets(op)
             return StepMsg(
                 rid,
@@ -330,127 +293,65 @@ class RemoteBackend(Backend):
                 values,
                 op.stream,
                 op.timed,
-                deadline,
+                self.deadline,
             )
         assert isinstance(op, CallOp)
-        return CallMsg(rid, GROUP, envs, op.name, [_call_data(c) for c in op.calls], deadline)
-
-    def _send(self, message: Any) -> None:
-        self._out.append(message)
-        if not self._flushing:
-            self._flushing = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flushing = False
-        out, self._out = self._out, []
-        if not out or self._sock is None:
-            return  # a reconnect sends what is in flight again
-        self._write(ws.mask_frame(encode(out)))
-
-    def _write(self, data: bytes) -> None:
-        sock = self._sock
-        assert sock is not None
-        if self._unsent:
-            self._unsent += data
-            return
-        try:
-            sent = sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError as exc:
-            self._dropped(f"writing failed: {exc}")
-            return
-        if sent < len(data):
-            self._unsent = data[sent:]
-            self._loop.add_writer(sock.fileno(), self._writable)
-
-    def _writable(self) -> None:
-        sock = self._sock
-        if sock is None:
-            return
-        try:
-            sent = sock.send(self._unsent)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._dropped(f"writing failed: {exc}")
-            return
-        self._unsent = self._unsent[sent:]
-        if not self._unsent:
-            self._loop.remove_writer(sock.fileno())
+        return CallMsg(rid, GROUP, envs, op.name, [call_data(c) for c in op.calls], self.deadline)
 
     def cancel(self, indices: Iterable[int] | None = None) -> None:
         """Report the envs in flight (of ``indices``, or all) cancelled; tell the server."""
         out = list(self.pending if indices is None else self.pending.intersection(indices))
+        self.forget_queued(out)  # a queued env is not sent now only to be cancelled
         by_request: dict[int, list[int]] = {}
-        if self._slots is not None:
-            self._slots.forget(out)  # a queued env is not sent now only to be cancelled
-            for i in out:
-                self._ops.pop(i, None)
         for i in out:
             rid = int(self._waiting[i])
             self._waiting[i] = 0
             by_request.setdefault(rid, []).append(i)
             self._finish(i, None, asyncio.CancelledError())
         for rid, envs in by_request.items():
-            self._settled(rid)
+            self._settled(rid, len(envs))
             if rid and self._gone is None:
-                self._send(CancelMsg(GROUP, rid, envs_bytes(sorted(envs))))
+                self._link.send(CancelMsg(GROUP, rid, envs_bytes(sorted(envs))))
 
-    def _settled(self, rid: int) -> None:
-        """Forget request ``rid`` once no env waits on it any more."""
+    def _settled(self, rid: int, count: int) -> None:
+        """``count`` envs no longer wait on request ``rid``: forget it once none does."""
         out = self._inflight.get(rid)
-        if out is not None and out.done is None and not (self._waiting == rid).any():
-            del self._inflight[rid]
+        if out is not None and out.done is None:
+            out.left -= count
+            if out.left <= 0:
+                del self._inflight[rid]
+
+    def _again(self) -> list[Any]:
+        """The requests to send again on a new connection (after its resume)."""
+        return [out.message for _, out in sorted(self._inflight.items())]
+
+    # -- waiting -----------------------------------------------------------------------
+
+    async def collect(
+        self,
+        min_done: int,
+        timeout: float | None = None,  # noqa: ASYNC109  (returns what finished by then)
+    ) -> tuple[Any, dict[int, BaseException]]:
+        """As `Backend.collect`; a blocking caller's wait is a ``poll`` of the socket.
+
+        While the loop is parked (`loop_parked`), nothing else can run on it,
+        and every outcome comes through the link: waiting on its socket here
+        spares the task and the loop iterations a suspension costs.
+        """
+        if not loop_parked():
+            return await super().collect(min_done, timeout)
+        self._wanted = min_done
+        deadline = None if timeout is None else time.monotonic() + timeout
+        link = self._link
+        while not self._satisfied():
+            if not link.wait(deadline):  # the link needs the loop (a reconnect): wait there
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return await super().collect(min_done, left)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return self.take()
 
     # -- answers in --------------------------------------------------------------------
-
-    def _readable(self) -> None:
-        sock = self._sock
-        if sock is None:
-            return
-        chunks: list[bytes] = []
-        try:
-            while True:
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    if chunks:
-                        self._received(b"".join(chunks))
-                    self._dropped("the server closed the connection")
-                    return
-                chunks.append(chunk)
-                if len(chunk) < 1 << 20:
-                    break
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError as exc:
-            self._dropped(f"reading failed: {exc}")
-            return
-        if chunks:
-            self._received(b"".join(chunks))
-
-    def _received(self, data: bytes) -> None:
-        self._heard = time.monotonic()
-        try:
-            frames = self._reader.feed(data)
-            for opcode, payload in frames:
-                if opcode == ws.BINARY:
-                    for message in decode_server(payload):
-                        self._on_message(message)
-                elif opcode == ws.CLOSE:
-                    self._dropped(
-                        f"the server closed the connection ({ws.describe_close(payload)})"
-                    )
-                    return
-                elif opcode == ws.PING and self._sock is not None:
-                    self._write(ws.mask_frame(payload, ws.PONG))
-        except ValueError as exc:  # the server's bytes make no sense: give up on it
-            self._lose(
-                ConnectionError(f"the aiovec server at {self.url} sent a malformed frame: {exc}")
-            )
-        if self._busy:
-            self._send_busy()
 
     def _on_message(self, message: Any) -> None:
         kind = type(message)
@@ -462,25 +363,23 @@ class RemoteBackend(Backend):
             self._failed(message)
         elif kind is BusyMsg:
             self._busy.append(message.rid)
+            self._loop_or_now(self._send_busy)
+        elif kind is OpenedMsg:
+            self._answer_future(message.rid, message)
         elif kind is WelcomeMsg:
             self._welcome(message)
         elif kind is GoneMsg:
-            self._lose(ConnectionError(message.reason))
-        elif kind is PongMsg:
-            pass
+            self._link.lose(ConnectionError(message.reason))
 
     def _part(self, part: StepPart) -> None:
         rid = part.rid
         out = self._inflight.get(rid)
         if out is None:
             return  # a late answer: its envs were cancelled
-        waiting = self._waiting
         rows = rows_of(part, self._obs_layouts)
         if rows is not None:
-            envs = rows.envs
-            wanted = waiting[envs] == rid
             n = self.num_envs
-            if len(envs) == n and wanted.all() and (envs == np.arange(n)).all():
+            if out.left == n and part.envs == self._every_bytes:  # every env, in order
                 arrays = StepArrays(
                     rows.observations,
                     None,
@@ -489,25 +388,28 @@ class RemoteBackend(Backend):
                     rows.truncations,
                     rows.terminations,  # (resets: not read from an answer's rows)
                 )
-                waiting[:] = 0
-                self._finish_block(
-                    StepBlock(range(n), arrays, _ints(part.infos), _ints(part.finals)), out.since
-                )
-            elif wanted.any():
-                self._rows(part, rows, wanted, out.since)
-        for i, value in part.singles.items():
-            if 0 <= i < self.num_envs and waiting[i] == rid:
-                waiting[i] = 0
-                self._finish(i, tuple(value), None)
-        for i, error in part.errors.items():
-            if 0 <= i < self.num_envs and waiting[i] == rid:
-                waiting[i] = 0
-                self._finish(i, None, codec.data_to_error(error))
+                self._waiting[:] = 0
+                out.left = 0
+                self._finish_block(StepBlock(range(n), arrays, part.infos, part.finals), out.since)
+            else:
+                self._rows(part, rows, out)
+        if part.singles:
+            waiting = self._waiting
+            for i, value in part.singles.items():
+                if 0 <= i < self.num_envs and waiting[i] == rid:
+                    waiting[i] = 0
+                    out.left -= 1
+                    self._finish(i, tuple(value), None)
+        if part.errors:
+            self._deliver_errors(rid, out, part.errors)
         if part.done:
-            self._ended(rid)
+            self._ended(rid, out)
 
-    def _rows(self, part: StepPart, rows: Any, wanted: np.ndarray, since: float) -> None:
+    def _rows(self, part: StepPart, rows: Any, out: _Out) -> None:
         """Copy the wanted rows of a part into the backend's arrays; deliver them as a block."""
+        wanted = self._waiting[rows.envs] == part.rid
+        if not wanted.any():
+            return
         arrays = self._arrays
         assert arrays is not None
         positions = np.flatnonzero(wanted)
@@ -517,53 +419,45 @@ class RemoteBackend(Backend):
         arrays.terminations[envs] = rows.terminations[positions]
         arrays.truncations[envs] = rows.truncations[positions]
         self._waiting[envs] = 0
+        out.left -= len(envs)
         keep = set(envs)
-        infos = {int(i): v for i, v in part.infos.items() if i in keep}
-        finals = {int(i): v for i, v in part.finals.items() if i in keep}
-        self._finish_block(StepBlock(envs, arrays, infos, finals), since)
+        infos = {i: v for i, v in part.infos.items() if i in keep}
+        finals = {i: v for i, v in part.finals.items() if i in keep}
+        self._finish_block(StepBlock(envs, arrays, infos, finals), out.since)
 
-    def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
-        super()._finish(i, value, error)
-        if self._slots is not None:
-            self._slots.release(i)
-
-    def _finish_block(self, block: StepBlock, since: float) -> None:
-        super()._finish_block(block, since)
-        slots = self._slots
-        if slots is not None:
-            with slots.deferred():
-                for i in block.envs:
-                    slots.release(i)
+    def _deliver_errors(self, rid: int, out: _Out, errors: dict[int, Any]) -> None:
+        waiting = self._waiting
+        for i, error in errors.items():
+            if 0 <= i < self.num_envs and waiting[i] == rid:
+                waiting[i] = 0
+                out.left -= 1
+                self._finish(i, None, codec.data_to_error(error))
 
     def _new_results(self) -> Rows:
         return Rows()
 
     def _reply(self, reply: CallReplyMsg) -> None:
-        out = self._inflight.get(reply.rid)
+        if self._answer_future(reply.rid, reply):
+            return
+        rid = reply.rid
+        out = self._inflight.get(rid)
         if out is None:
-            return
-        if out.done is not None:
-            del self._inflight[reply.rid]
-            if not out.done.done():
-                out.done.set_result(reply)
-            return
+            return  # a late answer: its envs were cancelled
         waiting = self._waiting
         for i, value in reply.values.items():
-            if 0 <= i < self.num_envs and waiting[i] == reply.rid:
+            if 0 <= i < self.num_envs and waiting[i] == rid:
                 waiting[i] = 0
+                out.left -= 1
                 self._finish(i, value, None)
-        for i, error in reply.errors.items():
-            if 0 <= i < self.num_envs and waiting[i] == reply.rid:
-                waiting[i] = 0
-                self._finish(i, None, codec.data_to_error(error))
-        self._ended(reply.rid)
+        self._deliver_errors(rid, out, reply.errors)
+        self._ended(rid, out)
 
     def _failed(self, failed: FailedMsg) -> None:
         error = codec.data_to_error(failed.error)
         out = self._inflight.get(failed.rid)
         if out is None:
             if failed.rid == 0:
-                self._lose(ConnectionError(f"the aiovec server refused a frame: {error}"))
+                self._link.lose(ConnectionError(f"the aiovec server refused a frame: {error}"))
             return
         if out.done is not None:
             del self._inflight[failed.rid]
@@ -575,11 +469,22 @@ class RemoteBackend(Backend):
             self._finish(i, None, error)
         self._inflight.pop(failed.rid, None)
 
-    def _ended(self, rid: int) -> None:
+    def _answer_future(self, rid: int, answer: Any) -> bool:
+        """Settle the future of request ``rid`` (open, rebuild, close), if it has one."""
+        out = self._inflight.get(rid)
+        if out is None or out.done is None:
+            return False
+        del self._inflight[rid]
+        if not out.done.done():
+            out.done.set_result(answer)
+        return True
+
+    def _ended(self, rid: int, out: _Out) -> None:
         """Request ``rid`` is answered in full: any env it left out fails."""
-        self._inflight.pop(rid, None)
-        left = np.flatnonzero(self._waiting == rid).tolist()
-        for i in left:
+        del self._inflight[rid]
+        if out.left <= 0:
+            return
+        for i in np.flatnonzero(self._waiting == rid).tolist():
             self._waiting[i] = 0
             self._finish(
                 i, None, RuntimeError(f"the server's answer to request {rid} left env {i} out")
@@ -591,107 +496,42 @@ class RemoteBackend(Backend):
         for rid in sorted(busy):
             out = self._inflight.get(rid)
             if out is not None:
-                self._send(out.message)
+                self._link.send(out.message)
 
-    # -- the connection: heartbeats, drops, resume --------------------------------------
-
-    def _heartbeat(self) -> None:
-        self._beat = None
-        if self._closing or self._gone is not None:
-            return
-        if self._sock is not None:
-            if time.monotonic() - self._heard > 3 * self.heartbeat:
-                self._dropped(f"no answer to heartbeats for {3 * self.heartbeat:g} s")
-            else:
-                self._send(PingMsg(time.time()))
-        self._beat = self._loop.call_later(self.heartbeat, self._heartbeat)
-
-    def _detach(self) -> None:
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        with contextlib.suppress(Exception):
-            self._loop.remove_reader(sock.fileno())
-            self._loop.remove_writer(sock.fileno())
-        sock.close()
-        self._unsent = b""
-        self._reader = ws.FrameReader(1 << 30)
-
-    def _dropped(self, reason: str) -> None:
-        """The connection is gone: dial again and resume, unless closing."""
-        self._detach()
-        ended = self._ended_connection
-        if ended is not None and not ended.done():
-            ended.set_result(None)
-        if self._closing or self._gone is not None or self._reconnecting is not None:
-            return
-        logger.warning("aiovec: lost the connection to %s (%s); resuming", self.url, reason)
-        self._reconnecting = self._loop.create_task(self._reconnect(reason))
-
-    def drop_connection(self) -> None:
-        """Cut the connection now, as a network fault would (for tests and fault runs)."""
-        sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            self._dropped("cut by drop_connection()")
-
-    async def _reconnect(self, reason: str) -> None:
-        until = time.monotonic() + self.resume_window
-        delay = 0.005
-        try:
-            while True:
-                left = until - time.monotonic()
-                if left <= 0:
-                    self._lose(
-                        ConnectionError(
-                            f"lost the connection to the aiovec server at {self.url} ({reason}) "
-                            f"and could not resume within {self.resume_window:g} s"
-                        )
-                    )
-                    return
-                try:
-                    sock, rest = await ws.connect_async(
-                        self.url, self.token, min(left, self.connect_timeout)
-                    )
-                except ws.HandshakeError as exc:
-                    self._lose(
-                        ConnectionError(f"the aiovec server at {self.url} refused to resume: {exc}")
-                    )
-                    return
-                except OSError:
-                    await asyncio.sleep(min(delay, max(0.0, left)))
-                    delay = min(2 * delay, 1.0)
-                    continue
-                break
-        finally:
-            self._reconnecting = None
-        if self._closing:
-            sock.close()
-            return
-        self.reconnects += 1
-        again = [out.message for rid, out in sorted(self._inflight.items())]
-        self._out.clear()
-        self._attach(sock, b"")
-        self._write(
-            ws.mask_frame(encode([HelloMsg(PROTOCOL, [(GROUP, self._session_token)]), *again]))
-        )
-        if rest:
-            self._received(rest)
+    def _loop_or_now(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once this frame is handled (through the loop, or now if it is parked)."""
+        if loop_parked():
+            fn()
+        else:
+            asyncio.get_running_loop().call_soon(fn)
 
     def _welcome(self, welcome: WelcomeMsg) -> None:
         reason = welcome.resumed.get(GROUP)
         if reason:
-            self._lose(ConnectionError(f"could not resume the sessions on {self.url}: {reason}"))
-        else:
+            self._link.lose(
+                ConnectionError(f"could not resume the sessions on {self.url}: {reason}")
+            )
+        elif self._link.token_of_group is not None:
             logger.warning("aiovec: resumed the sessions on %s", self.url)
+        else:  # the first: the server's heartbeat and resume window
+            self._link.heartbeat = welcome.heartbeat
+            self._link.resume_window = welcome.resume_window
+
+    # -- losing the sessions -----------------------------------------------------------
+
+    def drop_connection(self) -> None:
+        """Cut the connection now, as a network fault would (for tests and fault runs)."""
+        self._link.drop("cut by drop_connection()")
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was made again (and the sessions resumed)."""
+        return self._link.reconnects
 
     def _lose(self, error: Exception) -> None:
-        """The sessions are gone: fail every env in flight with ``error``; later calls too."""
-        if self._gone is None:
-            self._gone = error
-            logger.warning("aiovec: %s", error)
-        self._detach()
+        """The sessions are gone (the link says why): fail every env in flight; later calls too."""
+        self._gone = error
+        logger.warning("aiovec: %s", error)
         for out in list(self._inflight.values()):
             if out.done is not None and not out.done.done():
                 out.done.set_exception(self._lost_error())
@@ -712,17 +552,22 @@ class RemoteBackend(Backend):
         """Every env, once the sessions are gone (see `_lose`)."""
         return frozenset(range(self.num_envs)) if self._gone is not None else frozenset()
 
-    # -- rebuild and close -------------------------------------------------------------
+    # -- open, rebuild and close -------------------------------------------------------
 
-    async def _request(self, message: Any, timeout: float | None = None) -> Any:  # noqa: ASYNC109
-        """Send a rebuild or close and wait for its reply (``TimeoutError`` after ``timeout``)."""
-        done = self._loop.create_future()
-        self._inflight[message.rid] = _Out(message, time.perf_counter(), done)
-        self._send(message)
+    def _request(self, messages: Any) -> asyncio.Future[Any]:
+        """Send a request answered as a whole (open, rebuild, close); the future of its answer."""
+        listed = messages if isinstance(messages, list) else [messages]
+        done = asyncio.get_running_loop().create_future()
+        self._inflight[self._rid] = _Out(listed[-1], time.perf_counter(), done=done)
+        for message in listed:
+            self._link.send(message)
+        return done
+
+    async def _answer(self, done: asyncio.Future[Any], timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        """The answer ``done`` will hold (``TimeoutError`` after ``timeout``)."""
         if timeout is not None:
             await asyncio.wait([done], timeout=timeout)  # (a blocking caller drives this by hand)
             if not done.done():
-                self._inflight.pop(message.rid, None)
                 raise TimeoutError(f"no answer within {timeout} s")
         return await done
 
@@ -732,7 +577,9 @@ class RemoteBackend(Backend):
             return dict.fromkeys(indices, self._lost_error())
         self._rid += 1
         try:
-            reply = await self._request(RebuildMsg(self._rid, GROUP, envs_bytes(indices)))
+            reply = await self._answer(
+                self._request(RebuildMsg(self._rid, GROUP, envs_bytes(indices)))
+            )
         except ConnectionError as exc:
             return dict.fromkeys(indices, exc)
         return {int(i): codec.data_to_error(e) for i, e in reply.errors.items()}
@@ -745,38 +592,20 @@ class RemoteBackend(Backend):
             if self._gone is None:
                 self._rid += 1
                 try:
-                    reply = await self._request(CloseMsg(self._rid, GROUP), CLOSE_TIMEOUT)
+                    reply = await self._answer(
+                        self._request(CloseMsg(self._rid, GROUP)), CLOSE_TIMEOUT
+                    )
                     errors = {int(i): codec.data_to_error(e) for i, e in reply.errors.items()}
                 except (TimeoutError, ConnectionError) as exc:
                     logger.warning("aiovec: closing the sessions on %s failed: %r", self.url, exc)
-            await self._goodbye()
+            await self._link.goodbye()
         finally:
             self.close_now()
         return errors
 
-    async def _goodbye(self) -> None:
-        """Send a close frame and wait (briefly) for the server to end the connection."""
-        if self._sock is None:
-            return
-        self._closing = True
-        self._ended_connection = self._loop.create_future()
-        self._write(ws.mask_frame(ws.close_payload(), ws.CLOSE))
-        await asyncio.wait([self._ended_connection], timeout=1.0)
-
     def close_now(self) -> None:
         """Drop the connection and every timer, without a loop (construction failed)."""
-        self._closing = True
-        if self._beat is not None:
-            self._beat.cancel()
-            self._beat = None
-        task, self._reconnecting = self._reconnecting, None
-        if task is not None:
-            task.cancel()
-        if not self._loop.is_closed():
-            self._detach()
-        elif self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        self._link.close()
 
 
 def _sessions(fns: Sequence[Callable[[], Any]], url: object) -> tuple[str, list[dict[str, Any]]]:
@@ -814,30 +643,3 @@ def _traits(opened: OpenedMsg, num_envs: int) -> EnvTraits:
         action_spaces[int(k)] = codec.data_to_space(data)
     metadata = dict(opened.metadata) if isinstance(opened.metadata, dict) else {}
     return EnvTraits(observation_spaces, action_spaces, metadata, opened.render_mode)
-
-
-def _ints(mapping: dict[int, Any]) -> dict[int, Any]:
-    return mapping if not mapping else {int(i): v for i, v in mapping.items()}
-
-
-def _call_data(call: EnvCall) -> list[Any]:
-    """A call as the wire holds it (`aiovec._serve.server.call_of` reads it)."""
-    kind = type(call)
-    if kind is Reset:
-        assert isinstance(call, Reset)
-        return ["reset", call.seed, codec.pack(call.options)]
-    if kind is Render:
-        return ["render"]
-    if kind is GetAttr:
-        assert isinstance(call, GetAttr)
-        return ["get_attr", call.name]
-    if kind is SetAttr:
-        assert isinstance(call, SetAttr)
-        return ["set_attr", call.name, codec.pack(call.value)]
-    if kind is CallMethod:
-        assert isinstance(call, CallMethod)
-        return ["call", call.name, codec.pack(list(call.args)), codec.pack(call.kwargs)]
-    if kind is IsWrapped:
-        assert isinstance(call, IsWrapped)
-        return ["is_wrapped", f"{call.wrapper.__module__}:{call.wrapper.__qualname__}"]
-    raise TypeError(f"a {kind.__name__} cannot be sent to a server")
