@@ -31,7 +31,6 @@ from aiovec._serve.protocol import (
     ClientMessage,
     CloseMsg,
     FailedMsg,
-    HelloMsg,
     OpenedMsg,
     OpenMsg,
     PingMsg,
@@ -108,36 +107,50 @@ class Connection:
         Raises:
             ValueError: The message breaks the protocol (the connection is closed).
         """
-        if isinstance(message, PingMsg):
-            self.send(PongMsg(message.at))
-            return
-        if isinstance(message, HelloMsg):
+        kind = type(message)
+        if kind is StepMsg or kind is CallMsg or kind is RebuildMsg or kind is CloseMsg:
+            self._request(message)  # type: ignore[arg-type]
+        elif kind is PingMsg:
+            self.send(PongMsg(message.at))  # type: ignore[union-attr]
+        elif kind is CancelMsg:
+            group = self._group(message)  # type: ignore[arg-type]
+            if group is not None:
+                with contextlib.suppress(ValueError):  # a cancel of nothing known: nothing to do
+                    group.cancel(message.rid, envs_of(message.envs, group.count))  # type: ignore[union-attr]
+        elif kind is OpenMsg:
+            self._open(message)  # type: ignore[arg-type]
+        else:
             raise ValueError("a second hello on one connection")
-        if isinstance(message, OpenMsg):
-            self._open(message)
-            return
+
+    def _group(
+        self, message: StepMsg | CallMsg | RebuildMsg | CloseMsg | CancelMsg
+    ) -> Group | None:
+        """The group a message names; ``None`` (and the client told) if it has none of that id."""
         group = self.groups.get(message.group)
         if group is None:
             rid = getattr(message, "rid", 0)
             error = ValueError(f"no group {message.group} on this connection")
             self.send(FailedMsg(rid, message.group, codec.error_to_data(error)))
+        return group
+
+    def _request(self, message: StepMsg | CallMsg | RebuildMsg | CloseMsg) -> None:
+        group = self._group(message)
+        if group is None:
             return
-        if isinstance(message, CancelMsg):
-            with contextlib.suppress(ValueError):  # a cancel of nothing known: nothing to do
-                group.cancel(message.rid, envs_of(message.envs, group.count))
+        rid = message.rid
+        if rid <= group.seen:
+            group.again(rid, self)
             return
-        if message.rid <= group.seen:
-            group.again(message.rid, self)
-            return
-        if message.rid != group.seen + 1 or self.in_the_works() >= self.server.window:
+        works = group.in_the_works() if len(self.groups) == 1 else self.in_the_works()
+        if rid != group.seen + 1 or works >= self.server.window:
             # (a request before it was refused as busy: it comes again, and this one after it)
-            self.send(BusyMsg(message.rid, group.gid))
+            self.send(BusyMsg(rid, group.gid))
             return
         try:
             request = _request(message, group.count)
         except ValueError as exc:
-            group.seen = message.rid
-            self.send(FailedMsg(message.rid, group.gid, codec.error_to_data(exc)))
+            group.seen = rid
+            self.send(FailedMsg(rid, group.gid, codec.error_to_data(exc)))
             return
         group.take(request)
 

@@ -10,14 +10,15 @@ until the resume window closes it.
 
 - **Requests in order.**  A group runs its requests in the order of their ids;
   one that names an env still in flight waits for it (`run_queue`).  Launched,
-  a request owns its envs (``owner``: the id of the request each env's outcome
-  goes to); while it is the only one running, every outcome is its own and is
-  taken as a whole (`deliver`).
+  a request owns its envs; while it is the only one running (a whole step
+  always is), every outcome is its own and is taken as a whole (`deliver`),
+  else each goes to its env's request (``_owner``).
 - **Answered once, whatever happens.**  A whole step is answered once every
   env has an outcome (one `StepPart`); a streamed one (``send()``) as envs
   finish.  Every answer is kept (`GroupRequest.parts`) until the client has
   named all of the request's envs in later requests (``last``: the id that
-  last named each env; then it has the answer).  An id the group has seen is
+  last named each env, ``_uniform`` while one request named them all; then it
+  has the answer).  An id the group has seen is
   never run again: it gets what was answered so far (`again`), the rest when
   it comes.  So a client that lost its connection sends its requests in flight
   again, and no step is lost or run twice.
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = ("Group", "GroupRequest")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class GroupRequest:
     """A request of a group: its envs, how many are still out, what was answered."""
 
@@ -92,9 +93,10 @@ class Group:
         self.requests: dict[int, GroupRequest] = {}  # answers kept until acknowledged
         self.queue: deque[GroupRequest] = deque()
         self.running: dict[int, GroupRequest] = {}
-        self.owner = np.zeros(self.count, dtype=np.int64)  # the running request of each env
+        # the request of each env of a partial request launched (a whole one runs alone)
+        self._owner: dict[int, GroupRequest] = {}
         self.last = np.zeros(self.count, dtype=np.int64)  # the last request naming each env
-        self._uniform: int | None = 0  # the request that named every env last, if one did
+        self._uniform: int | None = 0  # the request that named every env last (``last`` stale)
         self.busy = False  # an async request (rebuild, close) is running
         self.pump: asyncio.Task[None] | None = None
         self.expiry: asyncio.TimerHandle | None = None
@@ -118,14 +120,15 @@ class Group:
 
     def _named(self, envs: Sequence[int], rid: int) -> dict[int, int]:
         """Request ``rid`` names ``envs``: how many of them each earlier request named last."""
+        uniform = self._uniform
         if len(envs) == self.count:  # the usual step: every env
-            uniform, self._uniform = self._uniform, rid
+            self._uniform = rid
             if uniform is not None:  # every env was named last by one request
                 return {uniform: self.count}
-            before = Counter(self.last.tolist())
-            self.last[:] = rid
-            return before
-        self._uniform = None
+            return Counter(self.last.tolist())
+        if uniform is not None:  # ``last`` was left stale meanwhile: bring it up to date
+            self.last[:] = uniform
+            self._uniform = None
         named = list(envs)
         before = Counter(self.last[named].tolist())
         self.last[named] = rid
@@ -173,7 +176,8 @@ class Group:
         envs = request.envs
         request.left = len(envs)
         self.running[request.rid] = request
-        self.owner[slice(None) if len(envs) == self.count else list(envs)] = request.rid
+        if len(envs) != self.count:
+            self._owner.update(dict.fromkeys(envs, request))
         backend = self.backend
         try:
             backend.launch(envs, op)
@@ -239,8 +243,8 @@ class Group:
         request = self.running.get(rid)
         if request is None:
             return
-        owner = self.owner
-        out = [i for i in self.backend.pending.intersection(envs) if owner[i] == rid]
+        # (a pending env is its running request's alone: requests that share envs run in turn)
+        out = self.backend.pending.intersection(envs).intersection(request.envs)
         if out:
             self.backend.cancel(out)
             self.deliver(*self.backend.take())
@@ -267,10 +271,9 @@ class Group:
     def _expire_late(self) -> None:
         now = time.monotonic()
         late: list[int] = []
-        owner = self.owner
         for request in self.running.values():
             if request.deadline is not None and request.deadline <= now:
-                out = [i for i in self.backend.pending if owner[i] == request.rid]
+                out = self.backend.pending.intersection(request.envs)
                 request.late.update(out)
                 late.extend(out)
         if late:
@@ -296,30 +299,27 @@ class Group:
             if request.stream or not request.left:
                 self._answer(request)
                 finished = finished or request.done
-        if finished:
+        if finished and self.queue:
             self.run_queue()
 
     def _route(self, results: Any, errors: dict[int, BaseException]) -> list[GroupRequest]:
-        """Outcomes of envs of several running requests, each to its own."""
-        owner, running = self.owner, self.running
+        """Outcomes of envs of several running requests (partial ones), each to its own."""
+        owner, running = self._owner, self.running
         touched: dict[int, GroupRequest] = {}
         for i in results:
-            request = running.get(int(owner[i]))
-            if request is None:  # (no request waits on it: nothing to answer)
-                continue
+            request = owner.get(i)
+            if request is None or request.rid not in running:
+                continue  # (no request waits on it: nothing to answer)
             request.values[i] = results[i]
             request.left -= 1
             touched[request.rid] = request
-        by_request: dict[int, dict[int, BaseException]] = {}
         for i, error in errors.items():
-            by_request.setdefault(int(owner[i]), {})[i] = error
-        for rid, some in by_request.items():
-            request = running.get(rid)
-            if request is None:
+            request = owner.get(i)
+            if request is None or request.rid not in running:
                 continue
-            self._errors_of(request, some)
-            request.left -= len(some)
-            touched[rid] = request
+            self._errors_of(request, {i: error})
+            request.left -= 1
+            touched[request.rid] = request
         return list(touched.values())
 
     @staticmethod

@@ -9,7 +9,7 @@ same socket through the same handler:
 - **through the loop**: the socket is registered with ``loop.add_reader``,
   and a vector env awaiting its backend's outcomes is woken by them;
 - **parked**: while a blocking caller drives its coroutine by hand with its
-  loop only marked as running (`loop_parked`), nothing else can run on that
+  loop only marked as running (`parked`), nothing else can run on that
   loop, so a frame is written at once and the answer is waited for in a plain
   ``poll`` of this socket (`wait`): no task, no loop iteration per step.
 
@@ -40,9 +40,8 @@ from typing import Any
 from aiovec._log import logger
 from aiovec._serve import wsclient as ws
 from aiovec._serve.protocol import PROTOCOL, HelloMsg, PingMsg, decode_server, encode
-from aiovec.backends._process.reactor import loop_parked
 
-__all__ = ("ServerLink", "loop_parked")
+__all__ = ("ServerLink",)
 
 _CHUNK = 1 << 20
 _MAX_MESSAGE = 1 << 30
@@ -78,6 +77,8 @@ class ServerLink:
         self._loop = asyncio.get_running_loop()
         self._sock: socket.socket | None = None
         self._poll: Any = None
+        self._buffer = bytearray(_CHUNK)  # what a read receives into
+        self._view = memoryview(self._buffer)
         self._reader = ws.FrameReader(_MAX_MESSAGE)
         self._unsent = b""  # what the socket did not take yet
         self._out: list[Any] = []  # messages of this loop turn
@@ -93,6 +94,16 @@ class ServerLink:
         self.closing = False
         self.lost = False
         self.reconnects = 0
+
+    @property
+    def parked(self) -> bool:
+        """Whether the loop is parked: marked as running by a caller driving a call by hand.
+
+        Nothing else can run on it then, so a wait that is all this link's own
+        may be a plain ``poll`` (`wait`).  (The loop is this thread's running
+        loop whenever the link is used: the backend belongs to it.)
+        """
+        return not self._loop.is_running()
 
     @property
     def up(self) -> bool:
@@ -126,14 +137,14 @@ class ServerLink:
         self._heard = time.monotonic()
         self._loop.add_reader(sock.fileno(), self._readable)
         if rest:
-            self._received(rest)
+            self._received(memoryview(rest))
 
     # -- frames out ------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
         """Queue ``message``: it leaves with this loop turn's frame (at once, parked)."""
         self._out.append(message)
-        if loop_parked():
+        if self.parked:  # nothing else could send it: at once
             self.flush()
         elif not self._soon:
             self._soon = True
@@ -209,27 +220,30 @@ class ServerLink:
         sock = self._sock
         if sock is None:
             return
-        chunks: list[bytes] = []
+        buffer, view = self._buffer, self._view
+        got = 0
         try:
-            while True:
-                chunk = sock.recv(_CHUNK)
-                if not chunk:
-                    if chunks:
-                        self._received(b"".join(chunks))
+            while True:  # into one buffer kept for the purpose: no allocation per read
+                size = sock.recv_into(view[got:])
+                if not size:
+                    if got:
+                        self._received(view[:got])
                     self.drop("the server closed the connection")
                     return
-                chunks.append(chunk)
-                if len(chunk) < _CHUNK:
+                got += size
+                if got < len(buffer):
                     break
+                self._received(view[:got])
+                got = 0
         except (BlockingIOError, InterruptedError):
             pass
         except OSError as exc:
             self.drop(f"reading failed: {exc}")
             return
-        if chunks:
-            self._received(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if got:
+            self._received(view[:got])
 
-    def _received(self, data: bytes) -> None:
+    def _received(self, data: memoryview) -> None:
         self._heard = time.monotonic()
         try:
             for opcode, payload in self._reader.feed(data):
@@ -337,7 +351,7 @@ class ServerLink:
             ws.mask_frame(encode([HelloMsg(PROTOCOL, [self.token_of_group]), *self._again()]))
         )
         if rest:
-            self._received(rest)
+            self._received(memoryview(rest))
 
     def lose(self, error: Exception) -> None:
         """The sessions are gone for good: tell the backend, once."""

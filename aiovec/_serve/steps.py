@@ -72,14 +72,19 @@ def actions_of(message: StepMsg, count: int, layouts: Layouts) -> tuple[list[Any
     Raises:
         ValueError: The actions do not fit the action space's layout, or are not ``count``.
     """
-    if message.actions is not None:
+    raw = message.actions
+    if raw is not None:
         layout = layouts(count)
-        if layout is None or len(message.actions) != layout.end:
+        if layout is None or len(raw) != layout.end:
             raise ValueError(
-                f"actions: {len(message.actions)} bytes do not lay out {count} actions of the "
+                f"actions: {len(raw)} bytes do not lay out {count} actions of the "
                 "session's action space"
             )
-        batch = layout.views(bytearray(message.actions))  # arrays of their own, not the frame's
+        if layout.tree[0] == "leaf":  # one array, of its own (not the frame's)
+            leaf = layout.leaves[0]
+            batch = np.ndarray(leaf.shape, leaf.dtype, buffer=bytearray(raw))
+            return list(batch), batch
+        batch = layout.views(bytearray(raw))
         return layout.split(batch, count), batch
     values = message.action_values
     if values is None or len(values) != count:
@@ -94,7 +99,7 @@ def pack_resets(op: StepOp) -> tuple[bytes, dict[int, Any]]:
     """``(resets, autoresets)`` of a step op: a flag per env, and the autoresets with options."""
     flags: Sequence[Any] = op.reset_first
     if _BOOL.issuperset(map(type, flags)):  # the usual step: plain flags, looked at in C
-        return np.array(flags, dtype=_B1).tobytes(), {}
+        return (np.array(flags, dtype=_B1).tobytes() if any(flags) else bytes(len(flags))), {}
     autoresets = {
         k: [bool(first), first.call.seed, codec.pack(first.call.options)]
         for k, first in enumerate(flags)
@@ -109,9 +114,10 @@ def resets_of(message: StepMsg, count: int) -> list[Any]:
     Raises:
         ValueError: Not ``count`` flags, or a malformed autoreset.
     """
-    if len(message.resets) != count:
+    raw = message.resets
+    if len(raw) != count:
         raise ValueError(f"resets: expected {count} flags")
-    flags: list[Any] = np.frombuffer(message.resets, _B1).tolist()
+    flags: list[Any] = np.frombuffer(raw, _B1).tolist() if any(raw) else [False] * count
     for k, entry in message.autoresets.items():
         if not 0 <= k < count or not isinstance(entry, list) or len(entry) != 3:
             raise ValueError(f"autoresets: a malformed entry for env {k}")
@@ -120,13 +126,19 @@ def resets_of(message: StepMsg, count: int) -> list[Any]:
     return flags
 
 
+_MODES = {mode.value: mode for mode in AutoresetMode}
+
+
 def mode_of(text: str) -> AutoresetMode:
     """The autoreset mode a request names.
 
     Raises:
         ValueError: Not one of gymnasium's.
     """
-    return AutoresetMode(text)
+    try:
+        return _MODES[text]
+    except (KeyError, TypeError):
+        raise ValueError(f"{text!r} is not an autoreset mode ({', '.join(_MODES)})") from None
 
 
 # --------------------------------------------------------------------------- results back
@@ -166,8 +178,8 @@ class StepRows:
         stepped = results if type(results) is dict else dict(results)
         infos, finals, odd = self._writer.write(stepped)
         singles = self._singles(odd, error_data) if odd else {}
-        packed_infos = _packed(infos, error_data)
-        packed_finals = _packed(finals, error_data)
+        packed_infos = _packed(infos, error_data) if infos else infos
+        packed_finals = _packed(finals, error_data) if finals else finals
         rows: Sequence[int] = range(self.count)
         if len(stepped) != self.count or odd or len(error_data) > len(errors):
             rows = sorted(i for i in stepped if i not in odd and i not in error_data)
@@ -253,8 +265,7 @@ def rows_of(part: StepPart, layouts: Layouts) -> WireRows | None:
     Raises:
         ValueError: The bytes do not hold as many rows as it names envs.
     """
-    envs = np.frombuffer(part.envs, _ENVS)
-    count = len(envs)
+    count = len(part.envs) // 4
     if not count:
         return None
     layout = layouts(count)
@@ -266,9 +277,14 @@ def rows_of(part: StepPart, layouts: Layouts) -> WireRows | None:
         or len(part.truncations) != count
     ):
         raise ValueError(f"a step part whose rows do not hold its {count} envs")
+    if layout.tree[0] == "leaf":
+        leaf = layout.leaves[0]
+        observations = np.ndarray(leaf.shape, leaf.dtype, buffer=part.obs)
+    else:
+        observations = layout.views(part.obs)
     return WireRows(
-        envs,
-        layout.views(part.obs),
+        np.frombuffer(part.envs, _ENVS),
+        observations,
         np.frombuffer(part.rewards, _F8),
         np.frombuffer(part.terminations, _B1),
         np.frombuffer(part.truncations, _B1),

@@ -188,10 +188,29 @@ def mask_frame(payload: bytes, opcode: int = BINARY) -> bytes:
         head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
     else:
         head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
-    key = os.urandom(4)
+    key = _KEYS.take()
     data = bytearray(payload)
     websocket_mask(key, data)  # aiohttp's (in C), in place
     return head + key + data
+
+
+class _Keys:
+    """Masking keys: 4 bytes each, from the OS's random source, fetched 4 KiB at a time."""
+
+    __slots__ = ("_at", "_pool")
+
+    def __init__(self) -> None:
+        self._pool, self._at = b"", 0
+
+    def take(self) -> bytes:
+        at = self._at
+        if at >= len(self._pool):
+            self._pool, at = os.urandom(4096), 0
+        self._at = at + 4
+        return self._pool[at : at + 4]
+
+
+_KEYS = _Keys()
 
 
 class FrameReader:
@@ -208,7 +227,7 @@ class FrameReader:
         self._kind = 0
         self.max_size = max_size
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+    def feed(self, data: bytes | memoryview) -> list[tuple[int, bytes]]:
         """The complete messages once ``data`` is added.
 
         Raises:

@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Self
 
 import anyio
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
 from aiovec._core.layout import StepArrays, StepLayout, copy_rows
@@ -57,7 +58,7 @@ try:
     from aiovec._serve import codec
     from aiovec._serve.calls import call_data
     from aiovec._serve.embed import served_here
-    from aiovec._serve.link import ServerLink, loop_parked
+    from aiovec._serve.link import ServerLink
     from aiovec._serve.protocol import (
         PROTOCOL,
         BusyMsg,
@@ -92,6 +93,8 @@ __all__ = ("Remote", "RemoteBackend")
 
 GROUP = 1
 """The id of the one group of sessions a connection of this backend holds."""
+
+_MODE_NAMES = {mode: mode.value for mode in AutoresetMode}
 
 
 class Remote:
@@ -286,7 +289,7 @@ class RemoteBackend(SlottedBackend):
                 rid,
                 GROUP,
                 envs,
-                op.mode.value,
+                _MODE_NAMES[op.mode],
                 resets,
                 autoresets,
                 actions,
@@ -334,11 +337,11 @@ class RemoteBackend(SlottedBackend):
     ) -> tuple[Any, dict[int, BaseException]]:
         """As `Backend.collect`; a blocking caller's wait is a ``poll`` of the socket.
 
-        While the loop is parked (`loop_parked`), nothing else can run on it,
+        While the loop is parked (`ServerLink.parked`), nothing else can run on it,
         and every outcome comes through the link: waiting on its socket here
         spares the task and the loop iterations a suspension costs.
         """
-        if not loop_parked():
+        if not self._link.parked:
             return await super().collect(min_done, timeout)
         self._wanted = min_done
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -500,7 +503,7 @@ class RemoteBackend(SlottedBackend):
 
     def _loop_or_now(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once this frame is handled (through the loop, or now if it is parked)."""
-        if loop_parked():
+        if self._link.parked:
             fn()
         else:
             asyncio.get_running_loop().call_soon(fn)
