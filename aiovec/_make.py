@@ -155,9 +155,9 @@ def make(
         backend = "inline" if mode is None else _BACKEND_OF_MODE[mode]
     cls = AsyncioVectorEnv if blocking is False else BlockingVectorEnv
     if remote:
-        return cls(
-            **_remote(str(given_id), num_envs, backend, options, env_kwargs, token, wrappers)
-        )
+        arguments = _remote(str(given_id), num_envs, backend, options, env_kwargs, token, wrappers)
+        _not_on_its_own_loop(str(given_id))
+        return cls(**arguments)
     maker: Callable[..., Any]
     if isinstance(given_id, str | EnvSpec):
         maker = functools.partial(gymnasium.make, given_id)
@@ -206,6 +206,33 @@ def _remote(  # noqa: PLR0917
         "backend_options": backend_options,
         **options,
     }
+
+
+def remote_arguments(url: str, num_envs: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The vector env's arguments for ``num_envs`` sessions on ``url`` (``make``'s routing).
+
+    ``kwargs`` are `make`'s keywords: the vector env's options, ``token``, and
+    the server's factory's keywords.
+    """
+    kwargs = dict(kwargs)
+    token = kwargs.pop("token", None)
+    options = _vector_options(None, kwargs, None)
+    env_kwargs = {k: v for k, v in kwargs.items() if k not in _VECTOR_KWARGS}
+    backend = options.pop("backend", None) or "inline"
+    return _remote(url, num_envs, backend, options, env_kwargs, token, None)
+
+
+def _not_on_its_own_loop(url: str) -> None:
+    """Refuse a constructor on the loop that serves ``url``: it would wait on itself."""
+    from aiovec._serve.embed import served_here  # noqa: PLC0415  (with the serve extra)
+
+    if served_here(url):
+        raise RuntimeError(
+            f"the aiovec server at {url} runs on this event loop, and a constructor cannot "
+            "wait on the loop it runs on: build the client with "
+            "`venv = await server.connect(num_envs, ...)` (the await API), or run the server "
+            "on a thread of its own (`with aiovec.serve(...) as server:`)"
+        )
 
 
 def _the_env_id(env_id: object, kwargs: dict[str, Any]) -> object:

@@ -1,9 +1,10 @@
 """``python -m aiovec serve MODULE:FACTORY``: serve envs to ``aiovec.make("ws://HOST:PORT", n)``.
 
 The server (`aiovec._serve.server.Server`) runs on this process's main loop
-until Ctrl-C or SIGTERM, when it closes every session.  Once it accepts
-connections it prints one line holding its URL (the real port when ``--port 0``
-was asked); sessions opened, resumed and closed are logged on stderr.
+(uvloop's where it is installed: a waiting env costs it less) until Ctrl-C or
+SIGTERM, when it closes every session.  Once it accepts connections it prints
+one line holding its URL (the real port when ``--port 0`` was asked); sessions
+opened, resumed and closed are logged on stderr.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from typing import Any
 
 from aiovec._cli.bench import FactoryError, load_factory
+from aiovec.backends._host.child import new_loop
 
 __all__ = ("add_parser",)
 
@@ -81,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"aiovec serve: {exc}", file=sys.stderr)
         return USAGE_ERROR
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    asyncio.run(_serve(server))
+    with asyncio.Runner(loop_factory=new_loop) as runner:  # uvloop's, where it is installed
+        runner.run(_serve(server))
     return 0
 
 

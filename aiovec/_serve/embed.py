@@ -1,12 +1,12 @@
 """``aiovec.serve``: the server embedded in a program, on its loop or on a thread of its own.
 
 - ``async with aiovec.serve(factory) as server`` runs the server on the
-  caller's event loop (an async app that also serves envs).  A client in the
-  same process then must never block that loop: the await API built with
-  ``await AsyncioVectorEnv.create(...)`` connects without blocking (a
-  ``backend="remote"`` vector env built on the loop of the server it names
-  connects through the loop, `served_here`); a blocking client there would
-  wait on a loop it holds.
+  caller's event loop (an async app that also serves envs).  A client on that
+  loop must never block it: ``await server.connect(num_envs)`` builds the
+  await API with ``AsyncioVectorEnv.create``, and a ``backend="remote"`` vector
+  env whose server runs on its own loop connects through the loop
+  (`served_here`); a constructor there (``aiovec.make(url, ...)``) is refused,
+  saying so, since it would wait on the loop it holds.
 - ``with aiovec.serve(factory) as server`` runs it on a thread with a loop of
   its own: what a script or a test that steps its envs with a blocking client
   in the same process needs.
@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from aiovec._serve.server import Server
+from aiovec._vector import AsyncioVectorEnv
 
 __all__ = ("Serving", "served_here")
 
@@ -77,6 +78,17 @@ class Serving:
         self.url = self._server.url
         _ON_LOOP[self.url] = asyncio.get_running_loop()
         return self
+
+    async def connect(self, num_envs: int, **kwargs: Any) -> AsyncioVectorEnv[Any, Any]:
+        """``num_envs`` sessions on this server, as an `aiovec.AsyncioVectorEnv` built on this loop.
+
+        ``aiovec.make(server.url, num_envs, blocking=False, **kwargs)``, built
+        with ``await AsyncioVectorEnv.create``: for a client on the loop the
+        server runs on (``async with``), which a constructor would block.
+        """
+        from aiovec._make import remote_arguments  # noqa: PLC0415  (make imports this module)
+
+        return await AsyncioVectorEnv.create(**remote_arguments(self.url, num_envs, kwargs))
 
     async def __aexit__(
         self,

@@ -14,7 +14,8 @@ until the resume window closes it.
   always is), every outcome is its own and is taken as a whole (`deliver`),
   else each goes to its env's request (``_owner``).
 - **Answered once, whatever happens.**  A whole step is answered once every
-  env has an outcome (one `StepPart`); a streamed one (``send()``) as envs
+  env has an outcome (one `StepPart`); a streamed one (``send()``, and a step
+  under a ``step_timeout``, whose finished envs must not look late) as envs
   finish.  Every answer is kept (`GroupRequest.parts`) until the client has
   named all of the request's envs in later requests (``last``: the id that
   last named each env, ``_uniform`` while one request named them all; then it
@@ -64,7 +65,7 @@ class GroupRequest:
     envs: Sequence[int]
     kind: str  # "step", "call", "rebuild", "close"
     message: Any
-    stream: bool = False
+    stream: bool = False  # answered as envs finish
     deadline: float | None = None  # on the server's clock (time.monotonic)
     left: int = 0  # envs launched without an outcome yet
     started: bool = False
