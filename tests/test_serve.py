@@ -1,18 +1,22 @@
 """``aiovec serve`` and ``backend="remote"``: end to end, under cuts, late replies and abuse.
 
-The scenario suite runs over ``backend="remote"`` too (``conftest.py``); here
-is what only a server has: connections cut at random moments (every rollout
-stays exact), late replies, tokens, bad bytes on the port, limits.
+The scenario suites run over ``backend="remote"`` too (``conftest.py``: the
+conformance, edge, property, collector and episode suites, the bad-input
+checks, ...); here is what only a server has: connections cut at random
+moments (every rollout stays exact), late replies, heartbeats, tokens, bad
+bytes on the port, limits, and where the server runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +35,7 @@ import aiovec
 from aiovec._serve import connection as connection_module
 from aiovec._serve import protocol, wsclient
 from aiovec._serve import server as server_module
-from aiovec.testing import AsyncHangingEnv, AsyncTwin, Gate, SpaceEnv
+from aiovec.testing import AsyncHangingEnv, AsyncTwin, Gate, HangingEnv, SpaceEnv
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 
@@ -164,18 +168,6 @@ def test_blocking_front_end_resumes_exactly(server: Any, monkeypatch: pytest.Mon
     assert cutter.cuts >= 10
 
 
-@pytest.mark.timeout(60)
-def test_partial_stepping_and_the_collector_run_over_a_server(server: Any) -> None:
-    n = 6
-    with aiovec.make(server.url, n, flavour="async", space="box-discrete") as venv:
-        policy = lambda obs, ids: np.zeros(len(ids), np.int64)  # noqa: E731
-        collector = aiovec.Collector(venv, policy, segment_length=4, batch_size=3, seed=0)
-        for batches, batch in enumerate(collector, 1):
-            assert batch.rewards.shape == (3, 4)
-            if batches == 10:
-                break
-
-
 def test_256_sessions_share_one_connection(server: Any) -> None:
     with aiovec.make(server.url, 256, space="box-discrete") as venv:
         venv.reset(seed=0)
@@ -275,8 +267,9 @@ def test_an_oversized_frame_closes_that_connection_only() -> None:
     ):
         if True:
             venv.reset(seed=0)
-            with _raw_ws(served_.url) as sock:
-                sock.sendall(wsclient.mask_frame(b"\x90" + bytes(10000)))
+            with _raw_ws(served_.url) as sock:  # a well-formed hello, only too big
+                hello = protocol.encode([protocol.HelloMsg(1, [(1, "t" * 10000)])])
+                sock.sendall(wsclient.mask_frame(hello))
                 assert _closed_by_server(sock)
             venv.step(venv.action_space.sample())
 
@@ -371,3 +364,111 @@ def test_the_serve_command_refuses_a_public_address_without_a_token() -> None:
     )
     assert done.returncode == 2
     assert "without a token" in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_server_on_the_callers_loop_serves_the_await_api_built_there() -> None:
+    """``async with aiovec.serve(...)`` runs on this loop; ``server.connect`` steps on it too."""
+    n, space = 3, "dict-tuple"
+    async with aiovec.serve(make_env) as server:
+        assert server.url.startswith("ws://127.0.0.1:")
+        for blocking in (True, False):  # a constructor here would wait on this very loop
+            with pytest.raises(RuntimeError, match="runs on this event loop"):
+                aiovec.make(server.url, n, blocking=blocking, space=space)
+        async with await server.connect(n, space=space) as venv:
+            assert isinstance(venv, aiovec.AsyncioVectorEnv)
+            with oracle_env(local_fns(n, space)) as oracle:
+                oracle.action_space.seed(1)
+                want = oracle.reset(seed=2)
+                assert_results_equal(await venv.reset(seed=2), want, ("obs", "infos"))
+                for _ in range(20):
+                    batch = oracle.action_space.sample()
+                    assert_results_equal(await venv.step(batch), oracle.step(batch))
+        assert len(server.server.groups) == 0  # closed with the vector env
+
+
+@pytest.mark.timeout(30)
+def test_a_client_idle_between_calls_keeps_its_connection_and_sessions() -> None:
+    """A blocking script runs no loop between calls, so it sends nothing: the server must
+    not take that silence for a dead client (it once closed the connection after three
+    heartbeats, and the sessions after the resume window)."""
+    with (
+        aiovec.serve(make_env, heartbeat=0.05, resume_window=0.2) as served_,
+        aiovec.make(served_.url, 2, space="box-discrete") as venv,
+    ):
+        venv.reset(seed=0)
+        time.sleep(1.0)  # the scenario itself: idle for 20 heartbeats and 5 resume windows
+        venv.step(venv.action_space.sample())
+        assert venv.vector_env._backend.reconnects == 0
+        assert len(served_.server.connections) == 1
+
+
+def _slow_or_not(gate: Gate, hang: bool) -> Any:
+    obs, act = SPACES["box-discrete"]
+    env = SpaceEnv(obs, act, min_len=50, max_len=50)
+    return AsyncHangingEnv(env, gate, at=2) if hang else AsyncTwin(env, max_yields=2, seed=0)
+
+
+@pytest.mark.timeout(60)
+def test_under_a_timeout_only_the_late_env_times_out(tmp_path: Any) -> None:
+    """A step under ``step_timeout`` is answered as envs finish: the fast env's result is not
+    held back behind the slow one until both look late."""
+    gate = Gate(tmp_path)
+    from aiovec.backends.remote import Remote
+
+    with aiovec.serve(functools.partial(_slow_or_not, gate)) as served_:
+        fns = [Remote(served_.url, {"hang": False}), Remote(served_.url, {"hang": True})]
+        with aiovec.BlockingVectorEnv(fns, backend="remote", step_timeout=0.5) as venv:
+            venv.reset(seed=0)
+            venv.step(np.array([1, 1]))
+            with pytest.raises(aiovec.EnvTimeoutError) as info:
+                venv.step(np.array([1, 1]))  # env 1 hangs at its second step
+            assert set(info.value.errors) == {1}
+            gate.release()
+
+
+class _Said(logging.Handler):
+    """Sets ``event`` when the aiovec logger says ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text, self.event = text, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+def _stalling_env(gate: Gate) -> Any:
+    """An env whose second step holds the server's loop (a sync env on inline) until ``gate``."""
+    obs, act = SPACES["box-discrete"]
+    return HangingEnv(SpaceEnv(obs, act, min_len=50, max_len=50), gate, at=2)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_stops_answering_is_dropped_and_resumed(tmp_path: Any) -> None:
+    """While a step waits, the client pings every heartbeat; after three silent ones it drops
+    the connection and resumes it once the server answers again, the step exact."""
+    gate = Gate(tmp_path)
+    said = _Said("no answer to heartbeats")
+    logging.getLogger("aiovec").addHandler(said)
+
+    async def run() -> None:
+        with aiovec.serve(functools.partial(_stalling_env, gate), heartbeat=0.1) as served_:
+            async with aiovec.make(served_.url, 1, blocking=False) as venv:
+                with oracle_env(local_fns(1, "box-discrete", 50, 50)) as oracle:
+                    assert_results_equal(
+                        await venv.reset(seed=3), oracle.reset(seed=3), ("obs", "infos")
+                    )
+                    actions = np.array([1])
+                    assert_results_equal(await venv.step(actions), oracle.step(actions))
+                    stepping = asyncio.ensure_future(venv.step(actions))  # holds the server
+                    await asyncio.get_running_loop().run_in_executor(None, said.event.wait, 30)
+                    gate.release()  # the server answers again: the step resumes
+                    assert_results_equal(await stepping, oracle.step(actions))
+                    assert venv._backend.reconnects >= 1
+
+    try:
+        asyncio.run(run())
+    finally:
+        logging.getLogger("aiovec").removeHandler(said)

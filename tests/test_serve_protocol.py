@@ -8,15 +8,16 @@ from served import HAVE_SERVE, SERVE_SKIP
 if not HAVE_SERVE:
     pytest.skip(SERVE_SKIP, allow_module_level=True)
 
+import gymnasium
 import numpy as np
 from conftest import SPACES, assert_same
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 import aiovec
-from aiovec._core.calls import Autoreset, Reset
+from aiovec._core.calls import Autoreset, CallMethod, GetAttr, IsWrapped, Render, Reset, SetAttr
 from aiovec._core.ops import StepOp
-from aiovec._serve import codec, protocol, steps, wsclient
+from aiovec._serve import calls, codec, protocol, steps, wsclient
 
 VALUES = [
     None,
@@ -141,19 +142,22 @@ def test_env_indices_are_checked(data, limit, message):
         protocol.envs_of(data, limit)
 
 
-def _step_op(space, count, seed=0):
+def _step_op(space, count, seed=0, options=True):
     space.seed(seed)
     simple = isinstance(space, spaces.Box | spaces.Discrete)
     batched = np.stack([space.sample() for _ in range(count)]) if simple else None
-    flags = [False, Autoreset(Reset(4, {"level": 2}), True), True][:count]
+    flags: list = [False, True, True][:count]
+    if options:  # autoresets with options (a reset-options hook), due now or later
+        flags = [Autoreset(Reset(7, None), False), Autoreset(Reset(4, {"level": 2}), True), True]
     actions = list(batched) if batched is not None else [space.sample() for _ in range(count)]
     return StepOp(AutoresetMode.NEXT_STEP, actions, flags, batch=batched)
 
 
+@pytest.mark.parametrize("options", [False, True], ids=["flags", "autoresets"])
 @pytest.mark.parametrize("name", ["box-discrete", "image-box", "dict-tuple"])
-def test_actions_and_resets_cross_the_wire_unchanged(name):
+def test_actions_and_resets_cross_the_wire_unchanged(name, options):
     _, action_space = SPACES[name]
-    op = _step_op(action_space, 3)
+    op = _step_op(action_space, 3, options=options)
     layouts = protocol.Layouts(action_space)
     raw, values = steps.pack_actions(op, 3, layouts)
     resets, autoresets = steps.pack_resets(op)
@@ -234,3 +238,73 @@ def test_a_refused_handshake_says_why():
 def test_only_ws_urls_are_taken(url):
     with pytest.raises(ValueError, match="ws://HOST:PORT"):
         wsclient.parse_url(url)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        Reset(3, {"level": 1}),
+        Reset(None, None),
+        Render(),
+        GetAttr("spec"),
+        SetAttr("speed", 2.5),
+        CallMethod("close_door", (1, "a"), {"hard": True}),
+        IsWrapped(gymnasium.wrappers.TimeLimit),
+    ],
+    ids=repr,
+)
+def test_calls_cross_the_wire_unchanged(call):
+    back = calls.call_of(codec.unpackb(codec.packb(calls.call_data(call))))
+    assert back == call
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (["get_attr", "_secret"], "public identifiers"),
+        (["set_attr", "__class__", 1], "public identifiers"),
+        (["call", "__init__", [], {}], "public identifiers"),
+        (["call", "go", [], {1: 2}], "keyed by strings"),
+        (["is_wrapped", "os:system"], "not a class"),
+        (["reset", -1, None], "seed"),
+        (["reset", 2**64, None], "seed"),
+        (["reset", 1.5, None], "seed"),
+        (["step", 1], "malformed"),
+        (["render", 1], "malformed"),
+        ([], "malformed"),
+    ],
+)
+def test_calls_a_server_must_not_make_are_refused(data, message):
+    with pytest.raises(ValueError, match=message):
+        calls.call_of(data)
+
+
+def test_a_step_or_close_cannot_be_sent_as_a_call():
+    from aiovec._core.calls import CLOSE
+
+    with pytest.raises(TypeError, match="cannot be sent to a server"):
+        calls.call_data(CLOSE)
+
+
+def test_an_unknown_autoreset_mode_is_refused_naming_the_modes():
+    assert steps.mode_of("SameStep") is AutoresetMode.SAME_STEP
+    with pytest.raises(ValueError, match="NextStep"):
+        steps.mode_of("Sometimes")
+
+
+def test_a_whole_group_travels_as_its_own_rows_and_a_part_as_its_own_layout():
+    obs_space = spaces.Dict({"a": spaces.Box(0, 1, (2,), np.float32), "b": spaces.Discrete(3)})
+    rows = steps.StepRows(obs_space, spaces.Discrete(2), 3)
+    results = {
+        i: ({"a": np.full(2, i, np.float32), "b": np.int64(i)}, float(i), i == 1, False, {}, None)
+        for i in range(3)
+    }
+    for got, envs in ((results, [0, 1, 2]), ({2: results[2], 0: results[0]}, [0, 2])):
+        part = protocol.decode_server(protocol.encode([rows.pack(5, 1, True, got, {})]))[0]
+        back = steps.rows_of(part, protocol.Layouts(obs_space))
+        assert back is not None
+        assert back.envs.tolist() == envs
+        np.testing.assert_array_equal(back.observations["a"][:, 0], envs)
+        np.testing.assert_array_equal(back.observations["b"], envs)
+        np.testing.assert_array_equal(back.rewards, envs)
+        np.testing.assert_array_equal(back.terminations, [i == 1 for i in envs])
