@@ -10,9 +10,9 @@ until the resume window closes it.
 
 - **Requests in order.**  A group runs its requests in the order of their ids;
   one that names an env still in flight waits for it (`run_queue`).  Launched,
-  a request owns its envs; while it is the only one running (a whole step
-  always is), every outcome is its own and is taken as a whole (`deliver`),
-  else each goes to its env's request (``_owner``).
+  a request owns its envs; while it is the only one running (a lock-step
+  step is), every outcome is its own and is taken as a whole (`deliver`), else
+  each goes to the request launched last that named its env (`_request_of`).
 - **Answered once, whatever happens.**  A whole step is answered once every
   env has an outcome (one `StepPart`); a streamed one (``send()``, and a step
   under a ``step_timeout``, whose finished envs must not look late) as envs
@@ -68,6 +68,7 @@ class GroupRequest:
     stream: bool = False  # answered as envs finish
     deadline: float | None = None  # on the server's clock (time.monotonic)
     left: int = 0  # envs launched without an outcome yet
+    order: int = 0  # when it was launched (the later launch naming an env owns it)
     started: bool = False
     done: bool = False
     parts: list[Any] = field(default_factory=list)
@@ -94,8 +95,11 @@ class Group:
         self.requests: dict[int, GroupRequest] = {}  # answers kept until acknowledged
         self.queue: deque[GroupRequest] = deque()
         self.running: dict[int, GroupRequest] = {}
-        # the request of each env of a partial request launched (a whole one runs alone)
+        # each env's last partial request launched, and the last whole one: of the two,
+        # the one launched later is the request an env's outcome goes to
         self._owner: dict[int, GroupRequest] = {}
+        self._whole: GroupRequest | None = None
+        self._launches = 0
         self.last = np.zeros(self.count, dtype=np.int64)  # the last request naming each env
         self._uniform: int | None = 0  # the request that named every env last (``last`` stale)
         self.busy = False  # an async request (rebuild, close) is running
@@ -177,7 +181,11 @@ class Group:
         envs = request.envs
         request.left = len(envs)
         self.running[request.rid] = request
-        if len(envs) != self.count:
+        self._launches += 1
+        request.order = self._launches
+        if len(envs) == self.count:
+            self._whole = request
+        else:
             self._owner.update(dict.fromkeys(envs, request))
         backend = self.backend
         try:
@@ -304,24 +312,32 @@ class Group:
             self.run_queue()
 
     def _route(self, results: Any, errors: dict[int, BaseException]) -> list[GroupRequest]:
-        """Outcomes of envs of several running requests (partial ones), each to its own."""
-        owner, running = self._owner, self.running
+        """Outcomes of envs of several running requests, each to its own."""
         touched: dict[int, GroupRequest] = {}
         for i in results:
-            request = owner.get(i)
-            if request is None or request.rid not in running:
+            request = self._request_of(i)
+            if request is None:
                 continue  # (no request waits on it: nothing to answer)
             request.values[i] = results[i]
             request.left -= 1
             touched[request.rid] = request
         for i, error in errors.items():
-            request = owner.get(i)
-            if request is None or request.rid not in running:
+            request = self._request_of(i)
+            if request is None:
                 continue
             self._errors_of(request, {i: error})
             request.left -= 1
             touched[request.rid] = request
         return list(touched.values())
+
+    def _request_of(self, i: int) -> GroupRequest | None:
+        """The running request env ``i``'s outcome belongs to: the last launched that named it."""
+        request, whole = self._owner.get(i), self._whole
+        if request is None or (whole is not None and whole.order > request.order):
+            request = whole
+        if request is None or request.rid not in self.running:
+            return None
+        return request
 
     @staticmethod
     def _errors_of(request: GroupRequest, errors: dict[int, BaseException]) -> None:
