@@ -168,7 +168,7 @@ def helper(kind: str) -> list[str]:
 
 
 class OpenEnv:
-    """OpenEnv's side (``serve_openenv.py``) under an interpreter that has openenv-core."""
+    """OpenEnv's side (``_serve_openenv.py``) under an interpreter that has openenv-core."""
 
     def __init__(self, python: str | None) -> None:
         self.python = python
@@ -181,13 +181,13 @@ class OpenEnv:
 
     def server(self, wait: float, sessions: int) -> list[str]:
         assert self.python is not None
-        script = os.path.join(HERE, "serve_openenv.py")
+        script = os.path.join(HERE, "_serve_openenv.py")
         return [self.python, script, "server", "--wait", str(wait), "--sessions", str(sessions)]
 
     def run(self, command: str, port: str, **args: Any) -> dict[str, Any]:
         assert self.python is not None
         flags = [f"--{k}={v}" for k, v in args.items()]
-        script = os.path.join(HERE, "serve_openenv.py")
+        script = os.path.join(HERE, "_serve_openenv.py")
         done = subprocess.run(
             [self.python, script, command, f"--port={port}", *flags],
             capture_output=True,

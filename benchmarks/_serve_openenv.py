@@ -8,10 +8,10 @@ reward 1, never ends), whose step optionally waits ``--wait`` seconds
 harness does).  The server is OpenEnv's own (``create_app`` under uvicorn);
 each session is one ``EnvClient`` (one WebSocket), as OpenEnv's clients are.
 
-    python benchmarks/serve_openenv.py server [--wait S] [--sessions N]  # prints its port
-    python benchmarks/serve_openenv.py throughput --port P --sessions N --steps K
-    python benchmarks/serve_openenv.py latency --port P --steps K
-    python benchmarks/serve_openenv.py sessions --port P --sessions N --steps K
+    python benchmarks/_serve_openenv.py server [--wait S] [--sessions N]  # prints its port
+    python benchmarks/_serve_openenv.py throughput --port P --sessions N --steps K
+    python benchmarks/_serve_openenv.py latency --port P --steps K
+    python benchmarks/_serve_openenv.py sessions --port P --sessions N --steps K
 
 Each client command prints one line of JSON.
 """
