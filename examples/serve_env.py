@@ -3,14 +3,18 @@
 Run it with ``python examples/serve_env.py`` after ``pip install "aiovec[serve]"``.
 ``--quick`` (or ``AIOVEC_EXAMPLES_QUICK=1``, which CI sets) takes fewer steps.
 
-1. **The server.**  ``aiovec.serve(make_env)`` serves CartPole on 127.0.0.1 (a
-   thread and event loop of its own here; on another machine you would run
-   ``python -m aiovec serve examples.serve_env:make_env --host 0.0.0.0 --token T``).
+1. **The server.**  ``with aiovec.serve(make_env)`` serves CartPole on 127.0.0.1
+   on a thread (and event loop) of its own: the blocking client below, in the
+   same process, would otherwise wait on the loop that serves it.  On another
+   machine you would run
+   ``python -m aiovec serve examples.serve_env:make_env --host 0.0.0.0 --token T``.
 2. **The blocking client.**  ``aiovec.make(server.url, 16)`` is a
    ``gymnasium.vector.VectorEnv`` whose 16 envs are sessions on that server: one
    frame per vector step for all of them.
-3. **The await client**, with ``blocking=False``, and keywords for the factory
-   (``max_episode_steps`` reaches ``make_env`` on the server).
+3. **An async program that serves and steps on one loop.**  ``async with
+   aiovec.serve(make_env)`` runs the server on the program's own loop, and
+   ``await server.connect(8, ...)`` builds the await API there (keywords that are
+   not the vector env's reach ``make_env``: ``max_episode_steps``).
 4. **A dropped connection** is resumed: the rollout goes on exactly.
 """
 
@@ -46,8 +50,11 @@ def blocking_client(url: str, steps: int) -> None:
         envs.close()
 
 
-async def await_client(url: str, steps: int) -> None:
-    async with aiovec.make(url, 8, blocking=False, max_episode_steps=20) as venv:
+async def serve_and_step(steps: int) -> None:
+    async with (
+        aiovec.serve(make_env) as server,  # on this program's loop
+        await server.connect(8, max_episode_steps=20) as venv,
+    ):
         await venv.reset(seed=1)
         ended = 0
         for k in range(steps):
@@ -66,7 +73,7 @@ def main() -> None:
     with aiovec.serve(make_env) as server:
         print(f"serving on {server.url}")
         blocking_client(server.url, steps)
-        asyncio.run(await_client(server.url, steps))
+    asyncio.run(serve_and_step(steps))
 
 
 if __name__ == "__main__":

@@ -196,7 +196,7 @@ class Group:
                     backend._errors.setdefault(i, exc)
             if not isinstance(exc, Exception):
                 logger.warning("an env of group %s raised %r; reported as its error", self.gid, exc)
-        self.deliver(*backend.take())
+        self.deliver(*backend.take(), launched=request)
         if backend.pending and self.pump is None:
             self.pump = self.server.spawn(self._collect())
 
@@ -289,13 +289,24 @@ class Group:
             self.backend.cancel(late)
             self.deliver(*self.backend.take())
 
-    def deliver(self, results: Any, errors: dict[int, BaseException]) -> None:
-        """Hand each env's outcome to its request; answer the requests that are due."""
+    def deliver(
+        self,
+        results: Any,
+        errors: dict[int, BaseException],
+        launched: GroupRequest | None = None,
+    ) -> None:
+        """Hand each env's outcome to its request; answer the requests that are due.
+
+        ``launched``: the request just launched, whose envs' outcomes these
+        usually are (sync envs answer inside the launch).
+        """
         if not results and not errors:
             return
         running = self.running
-        if len(running) == 1:  # every outcome is the one running request's
-            (request,) = running.values()
+        request = next(iter(running.values())) if len(running) == 1 else launched
+        if request is not None and (
+            len(running) == 1 or _within(request.envs, results.keys(), errors.keys())
+        ):  # every outcome is this request's: taken as a whole
             request.values.update(results)
             if errors:
                 self._errors_of(request, errors)
@@ -398,6 +409,12 @@ class Group:
         self.expiry = None
         reason = f"not resumed within {self.server.resume_window:g} s"
         self.server.spawn(self.server.close_group(self, reason))
+
+
+def _within(envs: Sequence[int], *keys: Any) -> bool:
+    """Whether every key of ``keys`` (env indices) is one of ``envs``."""
+    named = set(envs)
+    return all(named.issuperset(some) for some in keys)
 
 
 def _call_reply(rid: int, gid: int, values: dict[int, Any], errors: dict[int, Any]) -> CallReplyMsg:
