@@ -112,6 +112,26 @@ def parse_response(data: bytes, accept: str) -> bytes | None:
     return rest
 
 
+class _Answer:
+    """The server's answer to the handshake, read chunk by chunk (`parse_response`)."""
+
+    __slots__ = ("_accept", "_data")
+
+    def __init__(self, accept: str) -> None:
+        self._accept, self._data = accept, b""
+
+    def feed(self, chunk: bytes) -> bytes | None:
+        """The bytes after the complete answer, once it is (``None`` until then).
+
+        Raises:
+            HandshakeError: The server refused, or closed the connection (``chunk`` empty).
+        """
+        if not chunk:
+            raise HandshakeError("the server closed the connection during the handshake")
+        self._data += chunk
+        return parse_response(self._data, self._accept)
+
+
 def connect_blocking(url: str, token: str | None, timeout: float) -> tuple[socket.socket, bytes]:
     """Connect and shake hands, blocking (at most ``timeout`` s); the socket and bytes read ahead.
 
@@ -125,16 +145,10 @@ def connect_blocking(url: str, token: str | None, timeout: float) -> tuple[socke
         _tune(sock)
         request, accept = handshake_request(host, port, path, token)
         sock.sendall(request)
-        data = b""
-        while True:
-            rest = parse_response(data, accept)
-            if rest is not None:
-                break
+        answer, rest = _Answer(accept), None
+        while rest is None:
             sock.settimeout(max(0.001, until - time.monotonic()))
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise HandshakeError("the server closed the connection during the handshake")
-            data += chunk
+            rest = answer.feed(sock.recv(65536))
     except BaseException:
         sock.close()
         raise
@@ -160,18 +174,13 @@ async def connect_async(
             _tune(sock)
             request, accept = handshake_request(host, port, path, token)
             await loop.sock_sendall(sock, request)
-            data = b""
-            while True:
-                rest = parse_response(data, accept)
-                if rest is not None:
-                    return sock, rest
-                chunk = await loop.sock_recv(sock, 65536)
-                if not chunk:
-                    raise HandshakeError("the server closed the connection during the handshake")
-                data += chunk
+            answer, rest = _Answer(accept), None
+            while rest is None:
+                rest = answer.feed(await loop.sock_recv(sock, 65536))
         except BaseException:
             sock.close()
             raise
+    return sock, rest
 
 
 def _tune(sock: socket.socket) -> None:
