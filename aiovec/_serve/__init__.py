@@ -43,6 +43,10 @@ def serve(
     on the server, and clients connect with ``aiovec.make(server.url, num_envs)``
     (docs/serve.md).  Needs ``pip install "aiovec[serve]"``.
 
+    ``async with`` runs the server on the running event loop (a client on that
+    same loop: ``await server.connect(num_envs)``); ``with`` runs it on a thread
+    with a loop of its own (a blocking client in the same process).
+
     Args:
         factory: Builds one env (a ``gymnasium.Env`` or an `aiovec.AsyncEnv`).
         host: The address to listen on; any but a loopback address needs ``token``.
@@ -55,9 +59,8 @@ def serve(
             (bytes), ``window`` (requests in the works per connection).
 
     Returns:
-        The server, on a thread (and event loop) of its own: an async context
-        manager, or a plain one (``with``); ``url`` is its ``ws://HOST:PORT``
-        once entered.
+        The server, not started: an async context manager (on this loop) and a
+        plain one (on a thread); ``url`` is its ``ws://HOST:PORT`` once entered.
 
     Raises:
         ValueError: ``host`` is not a loopback address and there is no token.
@@ -65,7 +68,7 @@ def serve(
 
     Example:
         >>> async with aiovec.serve(make_env) as server:  # doctest: +SKIP
-        ...     async with aiovec.make(server.url, 8, blocking=False) as venv:
+        ...     async with await server.connect(8) as venv:
         ...         obs, infos = await venv.reset(seed=0)
     """
     try:
