@@ -25,6 +25,7 @@ from aiovec._errors import (
     WorkerDiedError,
 )
 from aiovec._make import make
+from aiovec._serve import serve
 from aiovec._vector import AsyncioVectorEnv
 
 __version__ = "0.1.0"  # equal to pyproject.toml's (tests/test_public_api.py)
@@ -52,6 +53,7 @@ __all__ = (
     "__version__",
     "make",
     "rewards_differ",
+    "serve",
 )
 
 for _name in __all__:

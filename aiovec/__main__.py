@@ -1,9 +1,10 @@
-"""``python -m aiovec``: the ``demo`` and ``bench`` commands.
+"""``python -m aiovec``: the ``demo``, ``bench`` and ``serve`` commands.
 
 ``python -m aiovec demo`` shows in one command why aiovec exists (network envs
 stepped one after another, then together); ``python -m aiovec bench
 MODULE:FACTORY`` measures your own env factory on every backend and says which
-configuration is fastest.  The commands live in `aiovec._cli`.
+configuration is fastest; ``python -m aiovec serve MODULE:FACTORY`` serves
+that env to ``aiovec.make("ws://HOST:PORT", num_envs)``.  The commands live in `aiovec._cli`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from aiovec._cli import bench, demo
+from aiovec._cli import bench, demo, serve
 
 __all__ = ("main",)
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(commands)
     bench.add_parser(commands)
+    serve.add_parser(commands)
     return parser
 
 

@@ -167,6 +167,10 @@ def make(
         ...     obs, infos = await venv.reset(seed=0)
     """
     given_id = _the_env_id(env_id, kwargs)
+    token = kwargs.pop("token", None)
+    remote = isinstance(given_id, str) and given_id.startswith(("ws://", "wss://"))
+    if token is not None and not remote:
+        raise TypeError("token= is for a ws:// URL (a server's sessions); this env_id is none")
     if isinstance(num_envs, bool) or not isinstance(num_envs, int):
         raise TypeError(f"num_envs must be an int >= 1, got {describe(num_envs)}")
     if num_envs < 1:
@@ -186,6 +190,11 @@ def make(
     backend = options.pop("backend", None)
     if backend is None:
         backend = "inline" if mode is None else _BACKEND_OF_MODE[mode]
+    cls = AsyncioVectorEnv if blocking is False else BlockingVectorEnv
+    if remote:
+        arguments = _remote(str(given_id), num_envs, backend, options, env_kwargs, token, wrappers)
+        _not_on_its_own_loop(str(given_id))
+        return cls(**arguments)
     maker: Callable[..., Any]
     if isinstance(given_id, str | EnvSpec):
         maker = functools.partial(gymnasium.make, given_id)
@@ -197,8 +206,70 @@ def make(
             f"got {describe(given_id)}"
         )
     factory = functools.partial(_build, maker, env_kwargs, tuple(wrappers or ()))
-    cls = AsyncioVectorEnv if blocking is False else BlockingVectorEnv
     return cls([factory] * num_envs, backend=backend, **options)
+
+
+def _remote(  # noqa: PLR0917
+    url: str,
+    num_envs: int,
+    backend: str,
+    options: dict[str, Any],
+    env_kwargs: dict[str, Any],
+    token: str | None,
+    wrappers: Sequence[Callable[[Any], Any]] | None,
+) -> dict[str, Any]:
+    """The vector env's arguments for ``num_envs`` sessions on the server at ``url``.
+
+    The keywords that are not the vector env's go to the server's factory (plain
+    data only); the server's deadline is the vector env's ``step_timeout``.
+    """
+    if backend not in {"inline", "remote"} or wrappers:
+        what = "wrappers" if wrappers else f"backend={backend!r}"
+        raise ValueError(
+            f"{url} is an aiovec server: its envs are sessions there (backend='remote'); "
+            f"{what} cannot apply to them (the server chooses its own backend and wrappers)"
+        )
+    from aiovec.backends import load_backend  # noqa: PLC0415  (loaded lazily, with its extra)
+
+    remote = load_backend("remote")
+    backend_options = dict(options.pop("backend_options", None) or {})
+    backend_options.setdefault("token", token)
+    if options.get("step_timeout") is not None:
+        backend_options.setdefault("deadline", options["step_timeout"])
+    session = remote.session(url, env_kwargs)  # type: ignore[attr-defined]
+    return {
+        "env_fns": [session] * num_envs,
+        "backend": "remote",
+        "backend_options": backend_options,
+        **options,
+    }
+
+
+def remote_arguments(url: str, num_envs: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The vector env's arguments for ``num_envs`` sessions on ``url`` (``make``'s routing).
+
+    ``kwargs`` are `make`'s keywords: the vector env's options, ``token``, and
+    the server's factory's keywords.
+    """
+    kwargs = dict(kwargs)
+    token = kwargs.pop("token", None)
+    options = _vector_options(None, kwargs, None)
+    env_kwargs = {k: v for k, v in kwargs.items() if k not in _VECTOR_KWARGS}
+    backend = options.pop("backend", None) or "inline"
+    return _remote(url, num_envs, backend, options, env_kwargs, token, None)
+
+
+def _not_on_its_own_loop(url: str) -> None:
+    """Refuse a constructor on the loop that serves ``url``: it would wait on itself."""
+    from aiovec._serve.embed import served_here  # noqa: PLC0415  (with the serve extra)
+
+    if served_here(url):
+        raise RuntimeError(
+            f"the aiovec server at {url} runs on this event loop, and a constructor cannot "
+            "wait on the loop it runs on: build the client with "
+            "`venv = await server.connect(num_envs, ...)` (the await API), or run the server "
+            "on a thread of its own (`with aiovec.serve(...) as server:`)"
+        )
 
 
 def _the_env_id(env_id: object, kwargs: dict[str, Any]) -> object:

@@ -34,6 +34,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
+import served
 from faults.leaks import LeakCheck
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -42,7 +43,16 @@ import aiovec
 from aiovec.testing import AsyncTwin, SpaceEnv
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
-BACKENDS = ["inline", "thread", "process", *(["ray"] if HAVE_RAY else [])]
+BACKENDS = [
+    "inline",
+    "thread",
+    "process",
+    *(["ray"] if HAVE_RAY else []),
+    *(["remote"] if served.HAVE_SERVE else []),
+]
+LOCAL_BACKENDS = [b for b in BACKENDS if b != "remote"]
+"""The backends a test can hand local factories to directly (``"remote"``'s envs are
+sessions on a server: `open_front_end` makes them from the factories)."""
 SYNC_ONLY_BACKENDS = {"thread"}  # they run synchronous (blocking) envs only
 FRONT_ENDS = ["await", "blocking"]
 FLAVOURS = ["sync", "async"]
@@ -296,7 +306,10 @@ def open_front_end(
         kwargs.setdefault("num_workers", 2)
         for key, value in shared_actors(backend).items():
             kwargs.setdefault(key, value)
-    adapter = cls(flavoured(env_fns, flavour), backend=backend, **kwargs)
+    fns = flavoured(env_fns, flavour)
+    if backend == "remote":  # the same envs, built on the session's server
+        fns = served.sessions(fns)
+    adapter = cls(fns, backend=backend, **kwargs)
     adapter.flavour = flavour
     adapter.backend = backend
     return adapter
@@ -457,6 +470,25 @@ def _warm_up_ray(pool: Any) -> None:
         venv.step(venv.action_space.sample())
     finally:
         venv.close()
+
+
+def uses_remote(item: pytest.Item) -> bool:
+    """Whether a collected test runs on the remote backend (a parameter)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("backend") == "remote"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def serve_server(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The aiovec server of ``backend="remote"`` (``served.py``), if a collected test needs it.
+
+    Session-scoped and autouse, so that its thread is up before the first test's
+    leak check.
+    """
+    if not served.HAVE_SERVE or not any(uses_remote(item) for item in request.session.items):
+        yield None
+        return
+    yield from served.running_server()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -772,6 +804,7 @@ __all__ = [
     "BACKENDS",
     "FLAVOURS",
     "FRONT_ENDS",
+    "LOCAL_BACKENDS",
     "MODES",
     "SPACES",
     "AwaitFrontEnd",

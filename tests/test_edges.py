@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import (
     BACKENDS,
+    LOCAL_BACKENDS,
     MODES,
     Lockstep,
     assert_same,
@@ -450,7 +451,7 @@ async def test_cancelled_step_leaves_a_clear_state(backend):
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)  # local factories, built directly
 async def test_async_with_closes(backend):
     fns = space_env_fns(2)
     async with aiovec.AsyncioVectorEnv(fns, backend=backend) as venv:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import (
     BACKENDS,
+    LOCAL_BACKENDS,
     Lockstep,
     assert_results_equal,
     assert_same,
@@ -162,7 +163,7 @@ def _drive_pair(actual_env, oracle, steps: int, seed: int) -> None:
         assert_results_equal(actual_env.step(actions.copy()), oracle.step(actions.copy()))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)  # a registry id: built here
 def test_make_blocking_cartpole_matches_make_vec(backend):
     envs = aiovec.make("CartPole-v1", num_envs=4, blocking=True, backend=backend)
     try:
@@ -177,7 +178,7 @@ def test_make_blocking_cartpole_matches_make_vec(backend):
         envs.close()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)  # a registry id: built here
 def test_make_passes_env_kwargs_and_wrappers(backend):
     wrappers = [functools.partial(gymnasium.wrappers.TimeLimit, max_episode_steps=7)]
     kwargs = {"sutton_barto_reward": True}
@@ -197,7 +198,7 @@ def test_make_passes_env_kwargs_and_wrappers(backend):
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)  # a registry id: built here
 async def test_make_await_returns_an_asyncio_vector_env(backend):
     venv = aiovec.make("CartPole-v1", num_envs=2, blocking=False, backend=backend)
     assert isinstance(venv, aiovec.AsyncioVectorEnv)

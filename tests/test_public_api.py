@@ -38,6 +38,7 @@ PUBLIC = {
     "__version__",
     "make",
     "rewards_differ",
+    "serve",
 }
 
 

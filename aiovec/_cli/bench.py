@@ -70,7 +70,8 @@ from aiovec._cli.factory import Factory, FactoryError, load_factory, print_error
 from aiovec._cli.memory import PeakMemory
 from aiovec._cli.partial import collector_shape, measure_collector
 from aiovec._cli.report import Progress, StepTimes, format_table, large_n_advice, short, timed
-from aiovec._core.validate import BACKENDS, usable_cpus
+from aiovec._core.validate import BACKENDS as ALL_BACKENDS
+from aiovec._core.validate import usable_cpus
 from aiovec.backends import load_backend
 
 __all__ = (
@@ -195,6 +196,8 @@ def merge(parts: Sequence[Result]) -> Result:
         errors[0] if errors else None,
     )
 
+
+BACKENDS = tuple(name for name in ALL_BACKENDS if name != "remote")  # its envs: a server's
 
 # --------------------------------------------------------------------------- plan and measure
 

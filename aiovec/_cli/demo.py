@@ -46,7 +46,9 @@ from aiovec.gameserver import BlockingGameClientEnv, GameClientEnv, GameServer
 
 __all__ = ("DemoSettings", "Row", "add_parser", "render", "run", "run_demo")
 
-BACKENDS = tuple(name for name in ALL_BACKENDS if name != "ray")  # ray needs a cluster
+BACKENDS = tuple(
+    name for name in ALL_BACKENDS if name not in {"ray", "remote"}
+)  # a cluster, a server
 NUM_ACTIONS = 5  # the game's Discrete(5) moves
 
 

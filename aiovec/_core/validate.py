@@ -57,7 +57,7 @@ __all__ = (
     "step_result_checker",
 )
 
-BACKENDS = ("inline", "thread", "process", "ray")
+BACKENDS = ("inline", "thread", "process", "ray", "remote")
 SHARED_LIMITER_BACKENDS = ("inline", "thread")
 """The backends that may take a shared ``anyio.CapacityLimiter`` as ``max_concurrency``."""
 ON_ERROR = ("raise", "restart")

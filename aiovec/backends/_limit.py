@@ -7,21 +7,30 @@ for its deadline nor for its latency, and it gives the token back when it
 has finished.  This module is the only place that touches a limiter: inline
 wraps a call's coroutine in `limited`; the thread backend, whose calls run on
 threads, takes and gives back tokens around each job with the functions below;
-a backend whose envs live in workers (process, Ray) hands out `Slots`: the
-parent takes a token for an env before it sends the env's call to its worker,
-and gives it back when the env's outcome has come.  A limiter cannot cross
-processes, so there it is the vector env's own (an int ``max_concurrency``).
+a backend whose envs live elsewhere (process and Ray workers, a server's
+sessions) hands out `Slots`: it takes a token for an env before it sends the
+env's call, and gives it back when the env's outcome has come.  A limiter
+cannot cross processes, so there it is the vector env's own (an int
+``max_concurrency``).  `SlottedBackend` is that arrangement as a backend:
+each env's part of an op waits with it for a slot, and the envs that get
+theirs together leave together, one call per op.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
 import anyio
 
-__all__ = ("Slots", "give_back", "limited", "take_now", "take_waiting")
+from aiovec._core.ops import Op
+from aiovec._core.rows import StepBlock
+from aiovec.backends._base import Backend
+
+__all__ = ("Slots", "SlottedBackend", "give_back", "limited", "take_now", "take_waiting")
 
 
 def take_now(limiter: anyio.CapacityLimiter, token: object) -> bool:
@@ -182,3 +191,72 @@ class Slots:
                 self._start(batch)
         finally:
             self._admitting = False
+
+
+class SlottedBackend(Backend):
+    """A backend whose envs' calls leave only once each holds a slot (``max_concurrency``).
+
+    Without a limiter `launch_op` sends at once.  With one, each env's part of
+    the op waits for a slot (in the order given); the envs that get theirs
+    together are sent with one call of `send_op` per op (its subset, in env
+    order), and each slot comes back with its env's outcome (`_finish`,
+    `_finish_block`).
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_workers: int | None,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> None:
+        super().__init__(env_fns, num_workers, limiter)
+        self._slots = None if limiter is None else Slots(limiter, self._admitted, self._queue)
+        self._ops: dict[int, tuple[Op, int]] = {}  # env -> its op and place, waiting for a slot
+
+    @abc.abstractmethod
+    def send_op(self, indices: Sequence[int], op: Op, since: float) -> None:
+        """Send ``op`` for ``indices`` now (launched at ``since``)."""
+
+    def launch_op(
+        self, indices: Sequence[int], op: Op, since: float, order: Sequence[int] | None = None
+    ) -> None:
+        """Send ``op`` for ``indices``, each env once it holds a slot (asked in ``order``)."""
+        if self._slots is None:
+            self.send_op(indices, op, since)
+            return
+        ops = self._ops
+        for k, i in enumerate(indices):
+            ops[i] = (op, k)
+        self._slots.request(indices if order is None else order)
+
+    def _admitted(self, envs: list[int]) -> None:
+        """``envs`` got their slots together: send their calls, one per op."""
+        since = time.perf_counter()
+        by_op: dict[int, tuple[Op, list[tuple[int, int]]]] = {}
+        for i in envs:
+            op, k = self._ops.pop(i)
+            by_op.setdefault(id(op), (op, []))[1].append((i, k))
+        for op, pairs in by_op.values():
+            pairs.sort()
+            self.send_op([i for i, _ in pairs], op.subset([k for _, k in pairs]), since)
+
+    def forget_queued(self, envs: Iterable[int]) -> None:
+        """Envs of ``envs`` still waiting for a slot are not sent (their calls are abandoned)."""
+        if self._slots is not None:
+            envs = list(envs)
+            self._slots.forget(envs)
+            for i in envs:
+                self._ops.pop(i, None)
+
+    def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
+        super()._finish(i, value, error)
+        if self._slots is not None:
+            self._slots.release(i)
+
+    def _finish_block(self, block: StepBlock, since: float) -> None:
+        super()._finish_block(block, since)
+        slots = self._slots
+        if slots is not None:
+            with slots.deferred():
+                for i in block.envs:
+                    slots.release(i)

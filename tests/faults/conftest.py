@@ -21,7 +21,9 @@ from aiovec.testing import Gate
 from faults.leaks import LeakCheck, pending_tasks
 from faults.scenarios import Once
 
-FAULT_BACKENDS = [*dict.fromkeys([*BACKENDS, "ray"])]
+FAULT_BACKENDS = [*dict.fromkeys([*(b for b in BACKENDS if b != "remote"), "ray"])]
+"""Every backend but "remote", whose faults (drops, deadlines, late replies) tests/test_serve.py
+injects; a worker's faults are the server's backend's, tested here on it."""
 
 
 @pytest.fixture(autouse=True)
