@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from aiovec.backends.process.child import TableSink
 from aiovec.backends.process.shared import Doorbell
 from aiovec.backends.process.table import BLANK, NEVER, CompletionTable
 from aiovec.backends.process.watch import Watch, loop_parked
@@ -215,6 +216,38 @@ def test_a_reply_to_a_control_request_is_counted_in_notes() -> None:
     w1.note(1)
     assert (table.notes - before).tolist() == [0, 1]
     assert done_envs(table) == ([], [])
+
+
+@pytest.mark.timeout(10)
+def test_a_control_reply_is_in_the_pipe_before_its_note_moves() -> None:
+    """The parent reads a worker's pipe once it sees ``notes`` move, and only then.
+
+    A reply counted before it is written is read as nothing; its count taken,
+    it is never looked for again and the call waiting on it hangs (a rebuild
+    under a restart policy did, now and then).
+    """
+    table = new_table()
+    read_fd, write_fd = os.pipe()
+    bell_read, bell_write = os.pipe()
+    in_pipe_at_note: list[bool] = []
+
+    class Watched(CompletionTable):
+        def note(self, w: int) -> None:
+            in_pipe_at_note.append(bool(select.select([read_fd], [], [], 0)[0]))
+            super().note(w)
+
+    try:
+        watched = Watched.__new__(Watched)
+        for name in CompletionTable.__slots__:
+            setattr(watched, name, getattr(table, name))
+        before = table.notes.copy()
+        TableSink(write_fd, watched, 1, 3, bell_write).reply(7, "rebuilt")
+        assert in_pipe_at_note == [True]
+        assert (table.notes - before).tolist() == [0, 1]
+        assert select.select([bell_read], [], [], 0)[0]  # and the doorbell rang
+    finally:
+        for fd in (read_fd, write_fd, bell_read, bell_write):
+            os.close(fd)
 
 
 # -- the doorbell rule across processes --------------------------------------------------

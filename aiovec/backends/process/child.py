@@ -268,9 +268,13 @@ class TableSink:
         self._publish(_rows(self.first, locals_), -seq, len(locals_))
 
     def reply(self, seq: int, body: Body) -> None:
-        """A reply to control request ``seq`` (0: a new worker's first word): counted, rung."""
-        self.table.note(self.w)
+        """A reply to control request ``seq`` (0: a new worker's first word): counted, rung.
+
+        Counted once written: a parent that sees the count move before the
+        message is in the pipe would read nothing, and never look again.
+        """
         self._write(Reply(seq, body))
+        self.table.note(self.w)
         self._ring()
 
     def _publish(self, rows: Any, marks: Any, count: int) -> None:

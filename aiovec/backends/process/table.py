@@ -182,9 +182,10 @@ class CompletionTable:
         return True
 
     def note(self, w: int) -> None:
-        """Worker ``w`` starts writing a message no env's ``done`` points to.
+        """Worker ``w`` wrote a message no env's ``done`` points to, or waits to write one.
 
-        A reply to a control request, or a message that waits for room in the
-        pipe: the parent reads the pipe once it sees ``notes[w]`` move.
+        A reply to a control request (counted once it is in the pipe), or a
+        message that waits for room in the pipe: the parent reads the pipe
+        once it sees ``notes[w]`` move.
         """
         self.notes[w] += 1
