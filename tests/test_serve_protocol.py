@@ -15,7 +15,16 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 import aiovec
-from aiovec._core.calls import Autoreset, CallMethod, GetAttr, IsWrapped, Render, Reset, SetAttr
+from aiovec._core.calls import (
+    KEEP_ENDED,
+    Autoreset,
+    CallMethod,
+    GetAttr,
+    IsWrapped,
+    Render,
+    Reset,
+    SetAttr,
+)
 from aiovec._core.ops import StepOp
 from aiovec._serve import calls, codec, protocol, steps, wsclient
 
@@ -180,6 +189,33 @@ def test_actions_and_resets_cross_the_wire_unchanged(name, options):
     assert steps.resets_of(back, 3) == list(op.reset_first)
 
 
+def test_an_env_kept_ended_crosses_the_wire_as_such():
+    """The EpisodeCollector's steps (`KEEP_ENDED`: reset by its caller) reach the server so."""
+    flags = [KEEP_ENDED, Autoreset(Reset(4, {"level": 2}), True), KEEP_ENDED]
+    op = StepOp(AutoresetMode.SAME_STEP, [0, 1, 0], flags)
+    resets, autoresets = steps.pack_resets(op)
+    message = protocol.StepMsg(
+        2,
+        1,
+        protocol.envs_bytes([0, 1, 2]),
+        "SameStep",
+        resets,
+        autoresets,
+        None,
+        [0, 1, 0],
+        False,
+        False,
+        None,
+    )
+    back = steps.resets_of(protocol.decode_client(protocol.encode([message]))[0], 3)
+    assert back[0] is KEEP_ENDED
+    assert back[2] is KEEP_ENDED
+    assert back[1] == flags[1]
+    odd = protocol.StepMsg(2, 1, b"", "SameStep", b"\0\3\0", {}, None, [0] * 3, False, False, None)
+    with pytest.raises(ValueError, match="a flag is 0, 1 or 2, got 3"):
+        steps.resets_of(odd, 3)
+
+
 def test_actions_that_do_not_lay_out_are_refused():
     layouts = protocol.Layouts(spaces.Box(0, 1, (2,), np.float32))
     message = protocol.StepMsg(
@@ -191,7 +227,7 @@ def test_actions_that_do_not_lay_out_are_refused():
 
 def test_step_results_travel_as_rows_singles_and_errors():
     obs_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
-    packer = steps.StepRows(obs_space, spaces.Discrete(2), 6)
+    packer = steps.AnswerRows(obs_space, spaces.Discrete(2), 6)
     ok = (np.ones(2, np.float32), 1.0, False, True, {"k": 1}, None)
     odd = ([0.5, 0.5], np.float16(2), False, False, {}, None)  # a list obs: one by one
     bad = (np.ones(3, np.float32), 1.0, False, False, {}, None)  # the wrong shape: refused
@@ -294,7 +330,7 @@ def test_an_unknown_autoreset_mode_is_refused_naming_the_modes():
 
 def test_a_whole_group_travels_as_its_own_rows_and_a_part_as_its_own_layout():
     obs_space = spaces.Dict({"a": spaces.Box(0, 1, (2,), np.float32), "b": spaces.Discrete(3)})
-    rows = steps.StepRows(obs_space, spaces.Discrete(2), 3)
+    rows = steps.AnswerRows(obs_space, spaces.Discrete(2), 3)
     results = {
         i: ({"a": np.full(2, i, np.float32), "b": np.int64(i)}, float(i), i == 1, False, {}, None)
         for i in range(3)

@@ -47,7 +47,7 @@ from aiovec._log import logger
 from aiovec._serve import codec
 from aiovec._serve.calls import call_of
 from aiovec._serve.protocol import CallReplyMsg, FailedMsg, Layouts
-from aiovec._serve.steps import StepRows, actions_of, mode_of, resets_of
+from aiovec._serve.steps import AnswerRows, actions_of, mode_of, resets_of
 from aiovec.backends import Backend
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class Group:
         self.count = backend.num_envs
         traits = backend.traits
         self.action_layouts = Layouts(traits.action_spaces[0])
-        self.rows = StepRows(traits.observation_spaces[0], traits.action_spaces[0], self.count)
+        self.rows = AnswerRows(traits.observation_spaces[0], traits.action_spaces[0], self.count)
         self.conn: Connection | None = conn
         self.seen = 0
         self.requests: dict[int, GroupRequest] = {}  # answers kept until acknowledged

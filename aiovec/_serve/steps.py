@@ -22,7 +22,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from aiovec._core import validate
-from aiovec._core.calls import Autoreset, Reset
+from aiovec._core.calls import KEEP_ENDED, Autoreset, Reset
 from aiovec._core.layout import StepLayout, copy_rows
 from aiovec._core.ops import StepOp
 from aiovec._serve import codec
@@ -31,7 +31,7 @@ from aiovec._serve.protocol import Layouts, StepMsg, StepPart, envs_bytes
 from aiovec.backends.pool.host.rows import RowWriter
 
 __all__ = (
-    "StepRows",
+    "AnswerRows",
     "WireRows",
     "actions_of",
     "mode_of",
@@ -42,6 +42,8 @@ __all__ = (
 )
 
 _F8, _B1, _ENVS = np.dtype(np.float64), np.dtype(np.bool_), np.dtype("<u4")
+KEEP = 2
+"""A ``resets`` byte: under ``SameStep`` the env is not reset if it ends (`KEEP_ENDED`)."""
 _BOOL = frozenset({bool})
 
 # --------------------------------------------------------------------------- actions out, in
@@ -105,7 +107,8 @@ def pack_resets(op: StepOp) -> tuple[bytes, dict[int, Any]]:
         for k, first in enumerate(flags)
         if isinstance(first, Autoreset)
     }
-    return np.array([bool(f) for f in flags], dtype=_B1).tobytes(), autoresets
+    codes = [KEEP if f is KEEP_ENDED else 1 if f else 0 for f in flags]
+    return bytes(codes), autoresets
 
 
 def resets_of(message: StepMsg, count: int) -> list[Any]:
@@ -117,7 +120,14 @@ def resets_of(message: StepMsg, count: int) -> list[Any]:
     raw = message.resets
     if len(raw) != count:
         raise ValueError(f"resets: expected {count} flags")
-    flags: list[Any] = np.frombuffer(raw, _B1).tolist() if any(raw) else [False] * count
+    if not any(raw):
+        flags: list[Any] = [False] * count
+    elif max(raw) == 1:
+        flags = np.frombuffer(raw, _B1).tolist()
+    elif max(raw) == KEEP:
+        flags = [KEEP_ENDED if code == KEEP else code == 1 for code in raw]
+    else:
+        raise ValueError(f"resets: a flag is 0, 1 or {KEEP}, got {max(raw)}")
     for k, entry in message.autoresets.items():
         if not 0 <= k < count or not isinstance(entry, list) or len(entry) != 3:
             raise ValueError(f"autoresets: a malformed entry for env {k}")
@@ -144,7 +154,7 @@ def mode_of(text: str) -> AutoresetMode:
 # --------------------------------------------------------------------------- results back
 
 
-class StepRows:
+class AnswerRows:
     """A group's step rows on the server: transitions written in, a `StepPart` out.
 
     Args:
