@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -208,8 +208,9 @@ class SlottedBackend(Backend):
         env_fns: Sequence[Callable[[], Any]],
         num_workers: int | None,
         limiter: anyio.CapacityLimiter | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(env_fns, num_workers, limiter)
+        super().__init__(env_fns, num_workers, limiter, options)
         self._slots = None if limiter is None else Slots(limiter, self._admitted, self._queue)
         self._ops: dict[int, tuple[Op, int]] = {}  # env -> its op and place, waiting for a slot
 

@@ -58,8 +58,8 @@ from aiovec._core.ops import Op
 from aiovec._core.rows import Rows, StepBlock
 from aiovec._errors import WorkerDiedError
 from aiovec._log import logger
-from aiovec.backends._base import Backend, Outcomes
-from aiovec.backends._limit import Slots
+from aiovec.backends._base import Outcomes
+from aiovec.backends._limit import SlottedBackend
 from aiovec.backends.pool.messages import CallReply, Outcome, StepReply
 from aiovec.backends.pool.table import Request, WorkTable
 from aiovec.backends.pool.transport import (
@@ -77,7 +77,7 @@ STUCK_GRACE = 0.5
 """Seconds ``close()`` waits for a worker blocked in an abandoned sync call before killing it."""
 
 
-class Pool(Backend):
+class Pool(SlottedBackend):
     """A backend whose envs live in groups on workers, reached through a `Transport`.
 
     A backend name binds a transport to it (``TRANSPORT``): ``backends/process/``
@@ -97,9 +97,6 @@ class Pool(Backend):
         """Make the transport, start one worker per group, learn the envs' traits."""
         super().__init__(env_fns, num_workers, limiter, options)
         self.fns = list(env_fns)
-        # max_concurrency: an env's call is sent once it holds a slot (`_dispatch`)
-        self._slots = None if limiter is None else Slots(limiter, self._dispatch, self._queue)
-        self._ops: dict[int, tuple[Op, int]] = {}  # env waiting for a slot -> (its op, position)
         self.transport: Transport = type(self).TRANSPORT(self, dict(options or {}))
         count = num_workers or self.transport.default_workers
         self.groups = groups = split(self.num_envs, min(count, self.num_envs))
@@ -176,39 +173,15 @@ class Pool(Backend):
 
         An env that must wait is queued (`Backend._queue`): its clock starts with its slot.
         """
-        assert self._slots is not None
         self.pending.update(indices)
-        ops, started = self._ops, self._started
-        for k, i in enumerate(indices):
+        started = self._started
+        for i in indices:
             started[i] = since
-            ops[i] = (op, k)
-        self._slots.request(self.table.turns(indices))
+        self.launch_op(indices, op, since, self.table.turns(indices))
 
-    def _dispatch(self, envs: list[int]) -> None:
-        """Send the calls of ``envs``, which got their slots together: a request per worker."""
-        since = time.perf_counter()
-        by_op: dict[int, tuple[Op, list[tuple[int, int]]]] = {}
-        for i in envs:
-            op, k = self._ops.pop(i)
-            by_op.setdefault(id(op), (op, []))[1].append((i, k))
-        for op, pairs in by_op.values():
-            pairs.sort()
-            indices = [i for i, _ in pairs]
-            part = op.subset([k for _, k in pairs])
-            self.transport.send(self.parts(indices), part, since, False)
-
-    def _finish(self, i: int, value: Any, error: BaseException | None) -> None:
-        super()._finish(i, value, error)
-        if self._slots is not None:
-            self._slots.release(i)
-
-    def _finish_block(self, block: StepBlock, since: float) -> None:
-        super()._finish_block(block, since)
-        slots = self._slots
-        if slots is not None:
-            with slots.deferred():
-                for i in block.envs:
-                    slots.release(i)
+    def send_op(self, indices: Sequence[int], op: Op, since: float) -> None:
+        """Send the calls of ``indices``, which got their slots together: a request per worker."""
+        self.transport.send(self.parts(indices), op, since, False)
 
     def started_at(self, i: int) -> float | None:
         """As `Backend.started_at`; ``None`` too once env ``i`` is done, its result held back."""
@@ -255,7 +228,7 @@ class Pool(Backend):
         if slots is None:
             self._abandon(targets)
             return
-        slots.forget(targets)  # a queued env is not sent now only to be cancelled
+        self.forget_queued(targets)  # a queued env is not sent now only to be cancelled
         with slots.deferred():
             self._abandon(targets)
 
