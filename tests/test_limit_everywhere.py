@@ -248,9 +248,12 @@ async def test_a_cancelled_step_gives_its_slots_back(tmp_path, backend):
     try:
         await venv.reset(seed=0)
         task = asyncio.create_task(venv.step(np.zeros(4, np.int64)))
-        await asyncio.sleep(0)  # the step starts: one env holds the slot, three wait for it
-        assert len(venv._backend.pending) == 4
-        assert len(venv._backend.queued) == 3
+        await asyncio.sleep(0)  # the step starts: one env holds the slot, the others wait
+        backend = venv._backend
+        # (env 0 may have answered already, its worker quicker than this turn: then env 1,
+        # which hangs, holds the slot)
+        assert len(backend.pending) - len(backend.queued) == 1
+        assert len(backend.queued) >= 2
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
