@@ -540,3 +540,33 @@ def test_aiovecs_own_failures_stay_aiovec_errors():
     with pytest.raises(aiovec.EnvTimeoutError, match="did not answer step"):
         venv.step(np.zeros(2, np.int64))
     venv.close()
+
+
+class _OutOfBounds(gymnasium.Env):
+    """Observations outside the declared Box, as SB3's own VecNormalize test env has."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([3.0], np.float32), {}
+
+    def step(self, action):
+        return np.array([3.0], np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.timeout(60)
+def test_observations_outside_their_space_pass_as_in_dummy_vec_env() -> None:
+    venv = make_sb3_env([_OutOfBounds] * 2)
+    try:
+        assert venv.reset()[0, 0] == 3.0
+        venv.step(np.zeros(2, np.int64))
+    finally:
+        venv.close()
+    checked = make_sb3_env([_OutOfBounds] * 2, check_observations=True)
+    try:
+        with pytest.raises(ValueError, match="above its high bound"):
+            checked.reset()
+    finally:
+        checked.close()

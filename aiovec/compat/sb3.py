@@ -106,7 +106,8 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
         env_fns: Env factories, as for `aiovec.BlockingVectorEnv`.
         **kwargs: Any other argument of `aiovec.BlockingVectorEnv`
             (``backend``, ``step_timeout``, ``on_error``, ...), except
-            ``autoreset_mode``.
+            ``autoreset_mode``.  ``check_observations`` defaults to
+            ``False``: SB3's vec envs pass observations outside their space on.
 
     Returns:
         The SB3 ``VecEnv``.
@@ -117,6 +118,7 @@ def make_sb3_env(env_fns: Sequence[Callable[[], Any]], **kwargs: Any) -> SB3VecE
     """
     if "autoreset_mode" in kwargs:
         raise TypeError("make_sb3_env sets autoreset_mode itself (SB3 needs SAME_STEP)")
+    kwargs.setdefault("check_observations", False)  # (as DummyVecEnv and SubprocVecEnv)
     try:
         venv = BlockingVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
     except EnvError as exc:

@@ -105,7 +105,9 @@ def make_tianshou_env(
         **options: Any other argument of `aiovec.BlockingVectorEnv`, except
             ``autoreset_mode`` (Tianshou resets envs itself) and
             ``reset_options``.  ``observation_mode`` defaults to
-            ``"different"`` (Tianshou stacks envs whose bounds differ).  On
+            ``"different"`` (Tianshou stacks envs whose bounds differ), and
+            ``check_observations`` to ``False`` (Tianshou's vector envs pass
+            observations outside their space on).  On
             the process backend in asynchronous mode, ``num_workers``
             defaults to one worker per env, as ``SubprocVectorEnv`` has a
             process per env: a worker steps its sync envs one after another.
@@ -126,6 +128,7 @@ def make_tianshou_env(
     if isinstance(fns, list) and all(callable(fn) for fn in fns):
         fns = [functools.partial(_conforming, fn) for fn in fns]
     options.setdefault("observation_mode", "different")
+    options.setdefault("check_observations", False)
     asynchronous = wait_num is not None or timeout is not None
     if backend == "process" and asynchronous and isinstance(fns, list):
         options.setdefault("num_workers", len(fns))
