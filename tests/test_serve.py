@@ -188,7 +188,9 @@ def test_a_late_reply_never_reaches_a_later_step(tmp_path: Any) -> None:
     gate = Gate(tmp_path)
     with (
         aiovec.serve(functools.partial(_hanging_env, gate)) as served_,
-        aiovec.make(served_.url, 2, step_timeout=0.3) as venv,
+        # (the reset after the timeout waits for the hung steps to end on the server: on a
+        # busy machine that can take longer than the steps' 0.3 s)
+        aiovec.make(served_.url, 2, step_timeout=0.3, reset_timeout=30.0) as venv,
     ):
         if True:
             oracle_fns = local_fns(2, "box-discrete", 50, 50)
