@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -107,15 +108,19 @@ def main() -> None:
     parser.add_argument(
         "--mark-every", type=float, help="seconds between the loop-hog check's reference readings"
     )
+    parser.add_argument("--quick", action="store_true", help="sync8, 10 and 60 steps (CI smoke)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), args.mark_every)
         return
-    cases = args.cases.split(",")
+    if shutil.which("valgrind") is None:
+        print("instructions.py needs valgrind (callgrind): not installed, nothing measured")
+        return
+    cases = ["sync8"] if args.quick else args.cases.split(",")
     if not set(cases) <= set(CASES):
         parser.error(f"--cases: expected some of {','.join(CASES)}, got {args.cases!r}")
-    steps = _steps(parser, args.steps)
+    steps = (10, 60) if args.quick else _steps(parser, args.steps)
     print(f"instructions per step() of aiovec in {args.tree.resolve()} (callgrind)")
     for case in cases:
         few, many = steps or STEPS[case]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -95,13 +96,20 @@ def instructions(case: str, steps: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help=f"any of {', '.join(CASES)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help="sync, 10 and 60 steps (CI smoke)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.cases) - set(CASES))
     if unknown:
         parser.error(f"unknown case(s) {unknown}: choose from {', '.join(CASES)}")
+    if shutil.which("valgrind") is None:
+        print(
+            "instructions_vs_peers.py needs valgrind (callgrind): not installed, nothing measured"
+        )
+        return 0
+    few, many = (10, 60) if args.quick else (FEW, MANY)
     per_step = {}
-    for case in args.cases or CASES:
-        per_step[case] = (instructions(case, MANY) - instructions(case, FEW)) / (MANY - FEW)
+    for case in ["sync"] if args.quick else args.cases or CASES:
+        per_step[case] = (instructions(case, many) - instructions(case, few)) / (many - few)
         print(f"{case}: {per_step[case]:,.0f} instructions per step", flush=True)
     for mine, theirs in (("blocking", "sync"), ("sb3", "dummy")):
         if mine in per_step and theirs in per_step:

@@ -77,6 +77,7 @@ def once(torch: bool, method: str, path: str | None) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="2 repetitions (CI smoke)")
     parser.add_argument("--method", default="forkserver", choices=("forkserver", "spawn"))
     parser.add_argument(
         "--against", action="append", default=[], help="another checkout's root (repeatable)"
@@ -89,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = (False, True) if has_torch else (False,)
     cases = [(src, torch) for src in sources for torch in kinds]
     times: dict[tuple[str | None, bool], list[float]] = {case: [] for case in cases}
+    if args.quick:
+        args.reps = 2
     for rep in range(args.reps):
         order = cases[rep % len(cases) :] + cases[: rep % len(cases)]
         for src, torch in order:
