@@ -281,21 +281,30 @@ class Backend(abc.ABC):
             The outcomes that arrived since the last collect: results and
             errors by env index.
         """
+        self._start_collect(min_done)
+        if not self._satisfied():
+            await self._sleep(timeout)
+        return self.take()
+
+    def _start_collect(self, min_done: int) -> None:
+        """A collect of ``min_done`` outcomes begins (one at a time: see `collect`)."""
         if self._waiter is not None:  # its waiter would be replaced, and never woken
             raise RuntimeError(
                 "Backend.collect() called while another collect() waits; one caller collects"
             )
         self._wanted = min_done
-        if not self._satisfied():
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                if timeout is None:
-                    await waiter
-                else:
-                    await asyncio.wait([waiter], timeout=timeout)
-            finally:
-                self._waiter = None
-        return self.take()
+
+    async def _sleep(self, timeout: float | None) -> bool:  # noqa: ASYNC109  (as collect)
+        """Sleep until an outcome completes the collect, or ``timeout``; whether it did."""
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            if timeout is None:
+                await waiter
+            else:
+                await asyncio.wait([waiter], timeout=timeout)
+        finally:
+            self._waiter = None
+        return waiter.done()
 
     async def settle_cancelled(self) -> None:
         """Let the transport's own work for calls cancelled by `cancel` end (a deadline's).

@@ -343,7 +343,7 @@ class RemoteBackend(SlottedBackend):
         """
         if not self._link.parked:
             return await super().collect(min_done, timeout)
-        self._wanted = min_done
+        self._start_collect(min_done)
         deadline = None if timeout is None else time.monotonic() + timeout
         link = self._link
         while not self._satisfied():

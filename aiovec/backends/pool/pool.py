@@ -254,23 +254,14 @@ class Pool(SlottedBackend):
         Out of time, what has come is taken in once more: an outcome that came
         in time is never taken for late.
         """
-        if self._waiter is not None:  # its waiter would be replaced, and never woken
-            raise RuntimeError(
-                "Backend.collect() called while another collect() waits; one caller collects"
-            )
-        self._wanted = min_done
+        self._start_collect(min_done)
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self.transport.receive(self._needed, deadline) and self._needed():
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                if timeout is None:
-                    await waiter
-                else:
-                    await asyncio.wait([waiter], timeout=timeout)
-            finally:
-                self._waiter = None
-            if not waiter.done():
-                self.refresh()
+        if (
+            not self.transport.receive(self._needed, deadline)
+            and self._needed()
+            and not await self._sleep(timeout)
+        ):
+            self.refresh()
         return self.take()
 
     def _needed(self) -> int:
